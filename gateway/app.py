@@ -1,0 +1,101 @@
+"""The gateway's ASGI application.
+
+Chat completions and forwarded OpenAI endpoints are dispatched straight to plain ASGI
+handlers; everything else (models, operations, rewards, admin) is a FastAPI app, which also
+owns startup and shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+from starlette.routing import Match
+
+from gateway import __version__
+from gateway.config import Settings
+from gateway.endpoints import operations
+from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
+from gateway.endpoints.passthrough import PassthroughEndpoint
+from gateway.http.asgi import Receive, Scope, Send
+from gateway.http.errors import ERROR_TYPES, GatewayError, error_body
+from gateway.state import GatewayState
+from gateway.store.schema import check_schema
+
+log = logging.getLogger(__name__)
+
+CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+
+
+def _error_response(error: GatewayError) -> Response:
+    return Response(error.body(), status_code=error.status, media_type="application/json")
+
+
+def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if check_schema_on_start:
+            await asyncio.to_thread(check_schema, state.database_url)
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = FastAPI(title="Apprentice gateway", version=__version__, lifespan=lifespan,
+                  description="OpenAI-compatible gateway that records trajectories and learns from rewards.")
+    app.state.gateway = state
+    app.include_router(operations.router)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(_: Request, error: GatewayError) -> Response:
+        return _error_response(error)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, error: HTTPException) -> Response:
+        return Response(error_body(str(error.detail), ERROR_TYPES.get(error.status_code, "invalid_request_error")),
+                        status_code=error.status_code, media_type="application/json")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, error: RequestValidationError) -> Response:
+        first = error.errors()[0] if error.errors() else {}
+        location = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = f"{location}: {first.get('msg', 'invalid request')}" if location else "invalid request"
+        return Response(error_body(message, "invalid_request_error", location or None, "invalid_value"),
+                        status_code=400, media_type="application/json")
+
+    return app
+
+
+class GatewayApp:
+    """The outer ASGI callable: hot paths first, then FastAPI, then passthrough for /v1/*."""
+
+    def __init__(self, settings: Settings, database_url: str, *, check_schema_on_start: bool = True) -> None:
+        self.state = GatewayState(settings, database_url)
+        self.fastapi = build_fastapi(self.state, check_schema_on_start=check_schema_on_start)
+        self.chat = ChatCompletionsEndpoint(self.state)
+        self.passthrough = PassthroughEndpoint(self.state)
+
+    def _fastapi_handles(self, scope: Scope) -> bool:
+        return any(route.matches(scope)[0] != Match.NONE for route in self.fastapi.router.routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            if path in CHAT_PATHS and scope["method"] == "POST":
+                await self.chat(scope, receive, send)
+                return
+            if path.startswith("/v1/") and not self._fastapi_handles(scope):
+                await self.passthrough(scope, receive, send)
+                return
+        await self.fastapi(scope, receive, send)
+
+
+def create_app(settings: Settings, database_url: str, *, check_schema_on_start: bool = True) -> GatewayApp:
+    return GatewayApp(settings, database_url, check_schema_on_start=check_schema_on_start)

@@ -1,0 +1,150 @@
+"""Gateway API keys: made by the CLI, stored as sha256 hashes, checked from a memory cache.
+
+The request path never waits on the database for a known key: all active keys are loaded
+at start and refreshed in the background (so a revocation takes effect within the refresh
+interval). Only an unknown key costs one lookup, and a miss is remembered briefly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.store.tables import api_keys
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "apk-"
+DISPLAY_PREFIX_CHARS = 12
+NEGATIVE_TTL_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    id: uuid.UUID | None
+    name: str
+    tenant: str
+    role: str  # "client" or "admin"
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+def hash_key(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+async def create_key(engine: AsyncEngine, *, name: str, tenant: str, role: str = "client") -> tuple[KeyInfo, str]:
+    """Create a key; the clear key is returned once and never stored."""
+    if role not in ("client", "admin"):
+        raise ValueError("role must be 'client' or 'admin'")
+    key = generate_key()
+    info = KeyInfo(id=uuid.uuid4(), name=name, tenant=tenant, role=role)
+    async with engine.begin() as connection:
+        await connection.execute(insert(api_keys).values(
+            id=info.id, name=name, tenant=tenant, role=role, key_hash=hash_key(key),
+            key_prefix=key[:DISPLAY_PREFIX_CHARS]))
+    return info, key
+
+
+async def revoke_key(engine: AsyncEngine, key_id_or_prefix: str) -> int:
+    condition = api_keys.c.key_prefix == key_id_or_prefix
+    try:
+        condition = api_keys.c.id == uuid.UUID(key_id_or_prefix)
+    except ValueError:
+        pass
+    async with engine.begin() as connection:
+        result = await connection.execute(
+            update(api_keys).where(condition, api_keys.c.revoked_at.is_(None)).values(revoked_at=func.now()))
+    return result.rowcount
+
+
+async def list_keys(engine: AsyncEngine) -> list[dict[str, object]]:
+    async with engine.connect() as connection:
+        rows = await connection.execute(select(
+            api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role, api_keys.c.key_prefix,
+            api_keys.c.created_at, api_keys.c.revoked_at).order_by(api_keys.c.created_at))
+        return [dict(row._mapping) for row in rows]
+
+
+class KeyCache:
+    """Maps key hashes to KeyInfo; also knows the configured admin key."""
+
+    def __init__(self, engine: AsyncEngine | None, *, admin_key: str | None, refresh_s: float) -> None:
+        self.engine = engine
+        self.refresh_s = refresh_s
+        self._admin_hash = hash_key(admin_key) if admin_key else None
+        self._keys: dict[bytes, KeyInfo] = {}
+        self._misses: dict[bytes, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        try:
+            await self.refresh()
+        except Exception as exc:  # keep serving the admin key and retry in the background
+            log.warning("could not load API keys (%s); retrying", exc)
+        self._task = asyncio.create_task(self._refresh_loop(), name="api-key-refresh")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    async def refresh(self) -> None:
+        if self.engine is None:
+            return
+        async with self.engine.connect() as connection:
+            rows = await connection.execute(select(
+                api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role, api_keys.c.key_hash
+            ).where(api_keys.c.revoked_at.is_(None)))
+            self._keys = {row.key_hash: KeyInfo(row.id, row.name, row.tenant, row.role) for row in rows}
+        self._misses.clear()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            try:
+                await self.refresh()
+            except Exception as exc:
+                log.warning("refreshing API keys failed (%s); keeping the cached ones", exc)
+
+    async def authenticate(self, key: str) -> KeyInfo | None:
+        digest = hash_key(key)
+        if self._admin_hash is not None and hmac.compare_digest(digest, self._admin_hash):
+            return KeyInfo(id=None, name="admin", tenant="admin", role="admin")
+        info = self._keys.get(digest)
+        if info is not None:
+            return info
+        missed_at = self._misses.get(digest)
+        if missed_at is not None and time.monotonic() - missed_at < NEGATIVE_TTL_S:
+            return None
+        info = await self._lookup(digest)
+        if info is None:
+            if len(self._misses) > 10_000:
+                self._misses.clear()
+            self._misses[digest] = time.monotonic()
+        else:
+            self._keys[digest] = info
+        return info
+
+    async def _lookup(self, digest: bytes) -> KeyInfo | None:
+        if self.engine is None:
+            return None
+        async with self.engine.connect() as connection:
+            row = (await connection.execute(select(
+                api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role
+            ).where(api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None)))).first()
+        return KeyInfo(row.id, row.name, row.tenant, row.role) if row else None

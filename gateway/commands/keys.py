@@ -1,0 +1,70 @@
+"""`apprentice keys create | list | revoke`: gateway API keys, stored hashed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import click
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.auth import keys
+from gateway.commands.common import config_option, database_url, load
+from gateway.store.engine import make_async_engine
+
+T = TypeVar("T")
+
+
+def _run(config_path: str | None, operation: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    """Run one store operation against the configured database."""
+    url = database_url(load(config_path))
+
+    async def main() -> T:
+        engine = make_async_engine(url)
+        try:
+            return await operation(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+@click.group("keys")
+def keys_group() -> None:
+    """Gateway API keys."""
+
+
+@keys_group.command("create")
+@config_option
+@click.option("--name", required=True, help="Who or what uses the key.")
+@click.option("--tenant", default="default", show_default=True, help="Trajectories and rewards are scoped to it.")
+@click.option("--admin", is_flag=True, help="Also allow the admin API.")
+def create_command(config_path: str | None, name: str, tenant: str, admin: bool) -> None:
+    """Create a key and print it once (only its hash is stored)."""
+    info, key = _run(config_path, lambda engine: keys.create_key(engine, name=name, tenant=tenant,
+                                                    role="admin" if admin else "client"))
+    click.echo(key)
+    click.echo(f"created {info.role} key {info.id} for tenant {info.tenant!r}; store it now, it is not shown again",
+               err=True)
+
+
+@keys_group.command("list")
+@config_option
+def list_command(config_path: str | None) -> None:
+    """List keys (prefixes only)."""
+    for row in _run(config_path, keys.list_keys):
+        state = f"revoked {row['revoked_at']:%Y-%m-%d}" if row["revoked_at"] else "active"
+        click.echo(f"{row['id']}  {row['key_prefix']}...  {row['role']:6}  tenant={row['tenant']}  "
+                   f"name={row['name']}  {state}")
+
+
+@keys_group.command("revoke")
+@config_option
+@click.argument("key_id_or_prefix")
+def revoke_command(config_path: str | None, key_id_or_prefix: str) -> None:
+    """Revoke a key by id or by the prefix `keys list` shows."""
+    count = _run(config_path, lambda engine: keys.revoke_key(engine, key_id_or_prefix))
+    if not count:
+        raise click.ClickException(f"no active key matches {key_id_or_prefix}")
+    click.echo(f"revoked {count} key(s); gateways drop it within their key refresh interval")

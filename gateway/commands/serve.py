@@ -1,0 +1,84 @@
+"""`apprentice gateway`: run the gateway with uvicorn (one or several worker processes)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import sys
+
+import click
+
+from gateway.commands.common import config_option, database_url, load, setup_logging
+from gateway.store.schema import SchemaOutOfDate, check_schema
+
+GRACEFUL_SHUTDOWN_S = 30
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def app_from_environment():  # noqa: ANN201 - uvicorn factory for worker processes
+    """Each worker builds its app from the config and database URL the parent exported."""
+    from gateway.app import create_app
+    from gateway.config import load_settings
+
+    settings = load_settings()
+    return create_app(settings, os.environ["APPRENTICE_DATABASE_URL"], check_schema_on_start=False)
+
+
+def run_gateway(config_path: str | None, host: str | None, port: int | None, workers: int | None,
+                allow_open_remote: bool = False) -> None:
+    settings = load(config_path)
+    setup_logging(settings.log_level)
+    host = host or settings.host
+    port = port or settings.port
+    workers = workers or settings.workers
+    if settings.auth.mode == "open" and not is_loopback(host) and not allow_open_remote:
+        raise click.ClickException(
+            f"auth.mode is 'open' (no API keys) and the gateway would listen on {host}: open mode is for "
+            "local use only. Listen on 127.0.0.1, or use auth.mode: keys (see `apprentice keys create`).")
+    if settings.auth.mode == "keys" and settings.auth.admin_key is None:
+        click.echo("note: no auth.admin_key configured; admin keys can be made with "
+                   "`apprentice keys create --admin`", err=True)
+    url = database_url(settings)
+    try:
+        check_schema(url)
+    except SchemaOutOfDate as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+    import uvicorn
+
+    options = dict(host=host, port=port, loop="uvloop", http="httptools", access_log=False,
+                   log_level=settings.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                   lifespan="on", server_header=False, date_header=False)
+    click.echo(f"Apprentice gateway on http://{host}:{port}/v1 ({workers} worker(s))", err=True)
+    if workers > 1:
+        metrics_dir = settings.data_dir / f"prometheus-{port}"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir.resolve())
+        uvicorn.run("gateway.commands.serve:app_from_environment", factory=True, workers=workers, **options)
+    else:
+        from gateway.app import create_app
+
+        uvicorn.run(create_app(settings, url, check_schema_on_start=False), **options)
+
+
+@click.command("gateway")
+@config_option
+@click.option("--host", default=None, help="Listen address (default from config: 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Listen port (default from config: 8000).")
+@click.option("--workers", type=int, default=None, help="Worker processes (default from config: 1).")
+@click.option("--allow-open-remote", is_flag=True, help="Allow auth.mode 'open' on a non-loopback address.")
+def gateway_command(config_path: str | None, host: str | None, port: int | None, workers: int | None,
+                    allow_open_remote: bool) -> None:
+    """Run the OpenAI-compatible gateway."""
+    run_gateway(config_path, host, port, workers, allow_open_remote)

@@ -1,0 +1,235 @@
+"""POST /v1/chat/completions: forward, stream back, and journal the call.
+
+A plain ASGI callable: this is the hot path, and every framework layer costs CPU per call.
+The order of work is chosen for durability: the call is journaled before its last byte (the
+whole body, or a stream's `data: [DONE]`) reaches the client, so a call the client saw
+complete is on disk even if the process is killed right after.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import orjson
+
+from gateway import metrics
+from gateway.auth.keys import KeyInfo
+from gateway.endpoints.chat_completions.assembly import assemble_completion, parse_sse_events
+from gateway.endpoints.chat_completions.request import ChatRequest, parse_chat_request
+from gateway.http.asgi import JSON_HEADERS, SSE_HEADERS, Receive, Scope, Send, header, read_body, send_error, send_response
+from gateway.http.errors import GatewayError, error_body
+from gateway.state import GatewayState
+from gateway.trajectories.stitching import TrajectoryAssignment, assign_trajectory, continuation_keys, new_call_id
+from gateway.upstreams import litellm_backend
+from gateway.upstreams.direct import UpstreamAnswer, attempt_order, error_from_answer, post_with_retries
+from gateway.upstreams.routing import RoutePlan, UnknownModel, UpstreamTarget
+
+log = logging.getLogger(__name__)
+
+DONE_EVENT = b"data: [DONE]"
+ENDPOINT = "chat.completions"
+
+
+class CallContext:
+    """What is known about one call while it runs; becomes the journal record at the end."""
+
+    __slots__ = ("call_id", "created_at", "started", "key", "request", "plan", "assignment", "temperature",
+                 "ttft_ms", "target", "headers")
+
+    def __init__(self, key: KeyInfo, request: ChatRequest, plan: RoutePlan, assignment: TrajectoryAssignment,
+                 started: float, created_at: float) -> None:
+        self.call_id: uuid.UUID = new_call_id()
+        self.created_at = created_at
+        self.started = started
+        self.key = key
+        self.request = request
+        self.plan = plan
+        self.assignment = assignment
+        self.temperature: float | None = plan.policy.temperature if plan.policy else None
+        self.ttft_ms: float | None = None
+        self.target: UpstreamTarget | None = None
+        self.headers = [(b"x-trajectory-id", str(assignment.trajectory_id).encode()),
+                        (b"x-apprentice-call-id", str(self.call_id).encode())]
+
+    def record(self, status: int, response: dict[str, Any] | None, error: Any) -> tuple[dict[str, Any], list[bytes]]:
+        """The journal record, and the continuation keys a next call of this run will carry."""
+        usage = (response or {}).get("usage") or {}
+        answers = [choice.get("message") or {} for choice in (response or {}).get("choices") or []]
+        keys = continuation_keys(self.assignment.keys, answers) if status == 200 else []
+        request_temperature = self.request.body.get("temperature")
+        return {
+            "id": str(self.call_id),
+            "response_id": (response or {}).get("id"),
+            "trajectory_id": str(self.assignment.trajectory_id),
+            "client_trajectory_id": self.assignment.client_trajectory_id,
+            "group_id": self.request.group_id,
+            "tenant": self.key.tenant,
+            "api_key_id": str(self.key.id) if self.key.id else None,
+            "model": self.request.model,
+            "policy": self.plan.policy.name if self.plan.policy else None,
+            "upstream": self.target.name if self.target else None,
+            "upstream_model": self.target.upstream_model if self.target else None,
+            "adapter_version_id": None,
+            "created_at": self.created_at,
+            "latency_ms": (time.perf_counter() - self.started) * 1000.0,
+            "ttft_ms": self.ttft_ms,
+            "status_code": status,
+            "error": error,
+            "stream": self.request.stream,
+            "request": self.request.body,
+            "response": response,
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "temperature": self.temperature if self.temperature is not None else request_temperature,
+            "continuation_key": keys[0].hex() if keys else None,
+            "parent_key": self.assignment.keys.parent_key.hex() if self.assignment.keys.parent_key else None,
+            "stitch_pending": self.assignment.stitch_pending,
+        }, keys
+
+
+class ChatCompletionsEndpoint:
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+        self.limit = state.settings.limits.max_body_bytes
+        self.router_settings = state.settings.router_settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        created_at = time.time()
+        try:
+            key = await self.state.authenticate(scope)
+            raw = await read_body(receive, scope, self.limit)
+            request = parse_chat_request(raw, header(scope, b"x-trajectory-id"), header(scope, b"x-group-id"))
+            try:
+                plan = self.state.router.plan(request.model)
+            except UnknownModel:
+                raise GatewayError(404, f"The model `{request.model}` does not exist or you do not have access "
+                                        f"to it. Models served here: {', '.join(self.state.router.model_names)}",
+                                   param="model", code="model_not_found") from None
+        except GatewayError as error:
+            metrics.REQUESTS.labels(ENDPOINT, metrics.status_class(error.status)).inc()
+            await send_error(send, error)
+            return
+        except ConnectionResetError:
+            return
+        assignment = assign_trajectory(self.state.stitch_index, tenant=key.tenant, model=request.model,
+                                       messages=request.messages, client_trajectory_id=request.client_trajectory_id)
+        call = CallContext(key, request, plan, assignment, started, created_at)
+        status = 500
+        try:
+            if request.stream:
+                status = await self._stream(call, send)
+            else:
+                status = await self._complete(call, send)
+        finally:
+            metrics.REQUESTS.labels(ENDPOINT, metrics.status_class(status)).inc()
+            metrics.LATENCY.labels(ENDPOINT, "true" if request.stream else "false").observe(
+                time.perf_counter() - started)
+
+    # ---- helpers ---------------------------------------------------------------------
+    def _finish(self, call: CallContext, status: int, response: dict[str, Any] | None, error: Any) -> None:
+        record, keys = call.record(status, response, error)
+        self.state.record(record)
+        for key in keys:
+            self.state.stitch_index.register(key, call.assignment.trajectory_id)
+
+    def _attempts(self, call: CallContext) -> list[UpstreamTarget]:
+        return attempt_order(call.plan.targets, call.plan.primary_count, self.router_settings.num_retries)
+
+    def _bodies(self, call: CallContext, targets: list[UpstreamTarget]) -> dict[str, bytes]:
+        return {target.upstream_model: call.request.forward_bytes(target.upstream_model, call.temperature)
+                for target in targets}
+
+    async def _open_direct(self, call: CallContext, targets: list[UpstreamTarget]) -> UpstreamAnswer:
+        answer = await post_with_retries(self.state.session, targets, "/chat/completions", self._bodies(call, targets),
+                                         retry_after=self.router_settings.retry_after)
+        call.target = answer.target
+        return answer
+
+    def _upstream_error(self, call: CallContext, status: int, body: bytes) -> dict[str, Any]:
+        kind = "timeout" if status == 504 else ("unreachable" if status == 502 and call.target is None else str(status))
+        metrics.UPSTREAM_ERRORS.labels(call.target.name if call.target else "none", kind).inc()
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return {"error": {"message": body.decode("utf-8", "replace")}}
+
+    # ---- non-streamed ----------------------------------------------------------------
+    async def _complete(self, call: CallContext, send: Send) -> int:
+        targets = self._attempts(call)
+        try:
+            if targets[0].direct:
+                answer = await self._open_direct(call, targets)
+                if answer.response.status != 200:
+                    status, body = await error_from_answer(answer)
+                    self._finish(call, status, None, self._upstream_error(call, status, body))
+                    await send_response(send, status, body, [*JSON_HEADERS, *call.headers])
+                    return status
+                raw = await answer.response.read()
+                response = orjson.loads(raw)
+            else:
+                call.target = targets[0]
+                response = await litellm_backend.complete(targets[0], {**call.request.body, "model": call.request.model})
+                raw = orjson.dumps(response)
+        except GatewayError as error:
+            self._finish(call, error.status, None, self._upstream_error(call, error.status, error.body()))
+            await send_error(send, error, call.headers)
+            return error.status
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            error = GatewayError(502, f"upstream answered with a body that is not JSON: {exc}", code="bad_upstream_body")
+            self._finish(call, 502, None, error.as_dict())
+            await send_error(send, error, call.headers)
+            return 502
+        self._finish(call, 200, response, None)
+        await send_response(send, 200, raw, [*JSON_HEADERS, *call.headers])
+        return 200
+
+    # ---- streamed ----------------------------------------------------------------------
+    async def _stream(self, call: CallContext, send: Send) -> int:
+        targets = self._attempts(call)
+        try:
+            if targets[0].direct:
+                answer = await self._open_direct(call, targets)
+                if answer.response.status != 200:
+                    status, body = await error_from_answer(answer)
+                    self._finish(call, status, None, self._upstream_error(call, status, body))
+                    await send_response(send, status, body, [*JSON_HEADERS, *call.headers])
+                    return status
+                chunks = answer.response.content.iter_any()
+            else:
+                call.target = targets[0]
+                chunks = await litellm_backend.stream(targets[0], {**call.request.body, "model": call.request.model})
+        except GatewayError as error:
+            self._finish(call, error.status, None, self._upstream_error(call, error.status, error.body()))
+            await send_error(send, error, call.headers)
+            return error.status
+
+        await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *call.headers]})
+        received: list[bytes] = []
+        error: dict[str, Any] | None = None
+        held = b""
+        try:
+            async for chunk in chunks:
+                if call.ttft_ms is None:
+                    call.ttft_ms = (time.perf_counter() - call.started) * 1000.0
+                    metrics.TTFT.observe(call.ttft_ms / 1000.0)
+                received.append(chunk)
+                # Hold back the final `[DONE]` until the call is journaled (see module docstring).
+                done_at = chunk.rfind(DONE_EVENT)
+                if done_at >= 0:
+                    chunk, held = chunk[:done_at], chunk[done_at:]
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except Exception as exc:  # the upstream broke off mid-stream: the client sees an error event
+            error = {"error": {"message": f"upstream stream failed: {type(exc).__name__}: {exc}",
+                               "type": "upstream_error", "param": None, "code": "stream_interrupted"}}
+            metrics.UPSTREAM_ERRORS.labels(call.target.name if call.target else "none", "stream").inc()
+            held = b"data: " + error_body(error["error"]["message"], "upstream_error", None,
+                                          "stream_interrupted") + b"\n\n"
+        response = assemble_completion(parse_sse_events(b"".join(received)))
+        self._finish(call, 200, response, error)
+        await send({"type": "http.response.body", "body": held, "more_body": False})
+        return 200

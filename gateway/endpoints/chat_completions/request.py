@@ -1,0 +1,97 @@
+"""Reading a chat completion request: just enough validation to route and record it.
+
+Everything else the OpenAI API allows (and fields it does not know yet) is passed through
+untouched; the upstream remains the judge of its own parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.http.errors import GatewayError
+
+# Keys of `metadata` that belong to Apprentice and are removed before forwarding.
+METADATA_TRAJECTORY = "trajectory_id"
+METADATA_GROUP = "group_id"
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    body: dict[str, Any]
+    raw: bytes  # the bytes to forward when nothing had to change
+    modified: bool
+    model: str
+    stream: bool
+    client_trajectory_id: str | None
+    group_id: str | None
+
+    @property
+    def messages(self) -> list[Any]:
+        return self.body["messages"]
+
+    def forward_bytes(self, upstream_model: str, temperature: float | None = None) -> bytes:
+        """The body for an upstream: the client's own bytes unless something must change."""
+        if not self.modified and upstream_model == self.model and temperature is None:
+            return self.raw
+        body = self.body
+        if upstream_model != self.model or temperature is not None:
+            body = dict(body, model=upstream_model)
+            if temperature is not None:
+                body["temperature"] = temperature
+        return orjson.dumps(body)
+
+
+def _optional_name(value: Any, field: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
+        text = str(value).strip()
+        if len(text) > 256:
+            raise GatewayError(400, f"{field} is longer than 256 characters", param=field)
+        return text
+    raise GatewayError(400, f"{field} must be a non-empty string", param=field)
+
+
+def parse_chat_request(raw: bytes, header_trajectory: str | None, header_group: str | None) -> ChatRequest:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError(400, f"We could not parse the JSON body of your request ({exc}). "
+                                "The body must be a JSON object.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise GatewayError(400, "you must provide a model parameter (a non-empty string)", param="model",
+                           code="missing_required_parameter" if model is None else "invalid_type")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise GatewayError(400, "messages must be a non-empty array of message objects", param="messages",
+                           code="missing_required_parameter" if messages is None else "invalid_type")
+    for position, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise GatewayError(400, f"messages[{position}] must be an object with a string 'role'",
+                               param=f"messages[{position}]", code="invalid_type")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise GatewayError(400, "stream must be a boolean", param="stream", code="invalid_type")
+
+    modified = False
+    trajectory = _optional_name(header_trajectory, "X-Trajectory-Id")
+    group = _optional_name(header_group, "X-Group-Id")
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and (METADATA_TRAJECTORY in metadata or METADATA_GROUP in metadata):
+        metadata = dict(metadata)
+        trajectory = trajectory or _optional_name(metadata.pop(METADATA_TRAJECTORY, None), "metadata.trajectory_id")
+        group = group or _optional_name(metadata.pop(METADATA_GROUP, None), "metadata.group_id")
+        body = dict(body)
+        if metadata:
+            body["metadata"] = metadata
+        else:
+            del body["metadata"]
+        modified = True
+    return ChatRequest(body=body, raw=raw, modified=modified, model=model, stream=bool(stream),
+                       client_trajectory_id=trajectory, group_id=group)

@@ -1,0 +1,74 @@
+"""GET /v1/models, /healthz, /readyz and /metrics."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from gateway import metrics
+from gateway.http.errors import GatewayError
+from gateway.state import GatewayState
+
+router = APIRouter()
+
+# /readyz fails when this much is waiting in the journal: the store is too far behind.
+READY_BACKLOG_LIMIT_BYTES = 512 * 1024 * 1024
+
+
+def _state(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+@router.get("/v1/models", tags=["openai"])
+async def list_models(request: Request) -> Response:
+    state = _state(request)
+    try:
+        await state.authenticate(request.scope)
+    except GatewayError as error:
+        return Response(error.body(), status_code=error.status, media_type="application/json")
+    policies = {policy.name for policy in state.settings.policies}
+    data = [{"id": name, "object": "model", "created": 0,
+             "owned_by": "apprentice-policy" if name in policies else "apprentice"}
+            for name in state.router.model_names]
+    return JSONResponse({"object": "list", "data": data})
+
+
+@router.get("/healthz", tags=["operations"])
+async def healthz() -> dict[str, str]:
+    """The process is up (liveness)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["operations"])
+async def readyz(request: Request) -> Response:
+    """Ready when the store answers and the journal backlog is bounded."""
+    state = _state(request)
+    checks: dict[str, object] = {}
+    ready = True
+    started = time.perf_counter()
+    try:
+        async with state.engine.connect() as connection:
+            await connection.execute(text("SELECT 1"))
+        checks["store"] = {"ok": True, "ms": round((time.perf_counter() - started) * 1000, 2)}
+    except Exception as exc:
+        ready = False
+        checks["store"] = {"ok": False, "error": f"{type(exc).__name__}"}
+    backlog = state.shipper.backlog_bytes()
+    metrics.JOURNAL_BACKLOG.set(backlog)
+    checks["journal"] = {"ok": backlog < READY_BACKLOG_LIMIT_BYTES, "backlog_bytes": backlog,
+                         "shipped_rows": state.shipper.stats.shipped_rows,
+                         "last_error": state.shipper.stats.last_error}
+    ready = ready and backlog < READY_BACKLOG_LIMIT_BYTES
+    return JSONResponse({"status": "ready" if ready else "not ready", "checks": checks},
+                        status_code=200 if ready else 503)
+
+
+@router.get("/metrics", tags=["operations"])
+async def prometheus_metrics(request: Request) -> Response:
+    _state(request).shipper.stats.backlog_bytes = _state(request).shipper.backlog_bytes()
+    metrics.JOURNAL_BACKLOG.set(_state(request).shipper.stats.backlog_bytes)
+    body, content_type = metrics.render()
+    return Response(body, media_type=content_type)

@@ -1,0 +1,57 @@
+"""Plain ASGI helpers for the proxy's hot path (no framework layers per request)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from gateway.http.errors import GatewayError
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """A request header (name in lower case), decoded; None when absent."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
+    """The whole request body, refusing more than `limit` bytes without reading it all."""
+    declared = header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"request body is {declared} bytes; the limit is {limit} bytes",
+                           code="request_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionResetError("client disconnected while sending the request")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def send_response(send: Send, status: int, body: bytes,
+                        headers: Iterable[tuple[bytes, bytes]] = JSON_HEADERS) -> None:
+    all_headers = list(headers)
+    all_headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, error: GatewayError, extra_headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    await send_response(send, error.status, error.body(), [*JSON_HEADERS, *extra_headers])

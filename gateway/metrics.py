@@ -1,0 +1,38 @@
+"""Prometheus metrics. With several workers, PROMETHEUS_MULTIPROC_DIR is set before import
+(see gateway/commands/serve.py) and /metrics aggregates every worker's files."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+REQUESTS = Counter("apprentice_requests_total", "Requests answered, by endpoint and status class",
+                   ["endpoint", "status"])
+LATENCY = Histogram("apprentice_request_latency_seconds", "Time from request to last byte",
+                    ["endpoint", "stream"], buckets=LATENCY_BUCKETS)
+TTFT = Histogram("apprentice_time_to_first_token_seconds", "Time from request to the first streamed byte",
+                 buckets=LATENCY_BUCKETS)
+UPSTREAM_ERRORS = Counter("apprentice_upstream_errors_total", "Upstream failures and error answers",
+                          ["upstream", "kind"])
+JOURNAL_BACKLOG = Gauge("apprentice_journal_backlog_bytes", "Journal bytes not yet shipped to PostgreSQL",
+                        multiprocess_mode="max")
+SHIPPED = Counter("apprentice_shipped_calls_total", "Calls shipped from the journal into PostgreSQL")
+SHIP_FAILURES = Counter("apprentice_ship_failures_total", "Failed attempts to ship a journal batch")
+JOURNALED = Counter("apprentice_journaled_calls_total", "Calls written to the local journal")
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx"
+
+
+def render() -> tuple[bytes, str]:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST

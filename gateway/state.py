@@ -1,0 +1,124 @@
+"""Everything a gateway process holds while it runs, started and stopped with the app."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway import metrics
+from gateway.auth.keys import KeyCache, KeyInfo
+from gateway.config import Settings, resolve_secret
+from gateway.http.asgi import Scope, header
+from gateway.http.errors import GatewayError
+from gateway.journal.shipper import JournalShipper
+from gateway.journal.writer import JournalWriter
+from gateway.store.calls import insert_call_lines, stitch_pending
+from gateway.store.engine import make_async_engine
+from gateway.trajectories.stitching import StitchIndex
+from gateway.upstreams.direct import make_session
+from gateway.upstreams.routing import Router
+
+log = logging.getLogger(__name__)
+
+PENDING_MARK = b'"stitch_pending":true'
+STITCH_INTERVAL_S = 0.5
+# Pending calls older than the open window are settled even when no new one arrives.
+SETTLE_INTERVAL_S = 30.0
+
+
+class GatewayState:
+    def __init__(self, settings: Settings, database_url: str) -> None:
+        self.settings = settings
+        self.database_url = database_url
+        self.router = Router(settings)
+        self.engine: AsyncEngine = make_async_engine(database_url)
+        self.journal = JournalWriter(settings.journal_dir, max_bytes=settings.journal.segment_max_bytes,
+                                     max_age_s=settings.journal.segment_max_age_s, fsync=settings.journal.fsync)
+        self.shipper = JournalShipper(self.journal, self._ship, batch_rows=settings.journal.ship_batch_rows,
+                                      interval_s=settings.journal.ship_interval_s)
+        self.keys = KeyCache(self.engine, admin_key=resolve_secret(settings.auth.admin_key),
+                             refresh_s=settings.auth.key_cache_ttl_s)
+        self.stitch_index = StitchIndex(max_entries=settings.stitching.max_open_trajectories,
+                                        ttl_s=settings.stitching.open_window_s)
+        self.open_key = KeyInfo(id=None, name="open", tenant=settings.auth.open_tenant, role="admin")
+        self.session: aiohttp.ClientSession | None = None
+        self._stitch_wanted = asyncio.Event()
+        self._stitch_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.journal.open()
+        self.session = make_session()
+        await self.keys.start()
+        self.shipper.start()
+        self._stitch_task = asyncio.create_task(self._stitch_loop(), name="trajectory-stitcher")
+
+    async def stop(self) -> None:
+        """Graceful: in-flight calls are done (the server waited); ship what is left."""
+        await self.keys.stop()
+        await self.shipper.stop()
+        self.journal.close()
+        if self._stitch_task:
+            self._stitch_task.cancel()
+        if self.session:
+            await self.session.close()
+        await self.engine.dispose()
+
+    # ---- recording ---------------------------------------------------------------------
+    def record(self, record: dict[str, Any]) -> None:
+        """Journal a completed call (synchronous: done before the call's last byte is sent)."""
+        self.journal.append(record)
+        metrics.JOURNALED.inc()
+        self.shipper.wake()
+
+    async def _ship(self, lines: list[bytes]) -> int:
+        try:
+            count = await insert_call_lines(self.engine, lines)
+        except Exception:
+            metrics.SHIP_FAILURES.inc()
+            raise
+        metrics.SHIPPED.inc(count)
+        metrics.JOURNAL_BACKLOG.set(self.shipper.stats.backlog_bytes)
+        if any(PENDING_MARK in line for line in lines):
+            self._stitch_wanted.set()
+        return count
+
+    async def _stitch_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._stitch_wanted.wait(), timeout=SETTLE_INTERVAL_S)
+                await asyncio.sleep(STITCH_INTERVAL_S)  # let the other processes' parents land
+            except asyncio.TimeoutError:
+                pass
+            self._stitch_wanted.clear()
+            try:
+                merged = await stitch_pending(self.engine, self.settings.stitching.open_window_s)
+                if merged:
+                    log.debug("stitched %d trajectories split across processes", merged)
+                    self._stitch_wanted.set()  # a later parent may have become known too
+            except Exception as exc:
+                log.warning("stitching pass failed (%s); will retry", exc)
+
+    # ---- authentication ----------------------------------------------------------------
+    async def authenticate(self, scope: Scope, *, admin: bool = False) -> KeyInfo:
+        if self.settings.auth.mode == "open":  # local use only: the serve command enforces loopback
+            return self.open_key
+        authorization = header(scope, b"authorization")
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise GatewayError(401, "You didn't provide an API key. Pass it in the Authorization header "
+                                    "(Authorization: Bearer YOUR_KEY).", code="missing_api_key")
+        key = authorization[7:].strip()
+        try:
+            info = await self.keys.authenticate(key)
+        except Exception as exc:
+            raise GatewayError(503, "the API key could not be checked: the store is unreachable "
+                                    "(known keys keep working); retry shortly", code="key_store_unavailable") from exc
+        if info is None:
+            shown = key[:7] + "..." if len(key) > 10 else "***"
+            raise GatewayError(401, f"Incorrect API key provided: {shown}", code="invalid_api_key")
+        if admin and not info.is_admin:
+            raise GatewayError(403, "this endpoint needs the admin key", code="admin_key_required")
+        return info

@@ -1,0 +1,154 @@
+"""Bulk storage of calls and trajectories from journal lines, and cross-process stitching.
+
+Journal lines are copied into PostgreSQL as they are (COPY of raw JSON into a temporary
+table) and unpacked there, so the shipper spends almost no Python CPU per call. Trajectory
+rows are derived from the calls actually inserted, so a re-shipped batch changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+STITCH_LOCK_ID = 0x4150_5354  # pg advisory lock held by the process running a stitch pass
+
+_CREATE_INCOMING = "CREATE TEMP TABLE IF NOT EXISTS incoming_calls (r jsonb NOT NULL) ON COMMIT DELETE ROWS"
+
+_INSERT_CALLS = """
+WITH inserted AS (
+    INSERT INTO calls (id, response_id, trajectory_id, tenant, api_key_id, model, policy, upstream,
+                       upstream_model, adapter_version_id, created_at, latency_ms, ttft_ms, status_code,
+                       error, stream, request, response, prompt_tokens, completion_tokens, temperature,
+                       continuation_key, parent_key, stitch_pending)
+    SELECT (r->>'id')::uuid, r->>'response_id', (r->>'trajectory_id')::uuid, r->>'tenant',
+           (r->>'api_key_id')::uuid, r->>'model', r->>'policy', r->>'upstream', r->>'upstream_model',
+           (r->>'adapter_version_id')::uuid, to_timestamp((r->>'created_at')::float8),
+           (r->>'latency_ms')::float8, (r->>'ttft_ms')::float8, (r->>'status_code')::int,
+           CASE WHEN jsonb_typeof(r->'error') = 'null' THEN NULL ELSE r->'error' END,
+           coalesce((r->>'stream')::boolean, false), r->'request',
+           CASE WHEN jsonb_typeof(r->'response') = 'null' THEN NULL ELSE r->'response' END,
+           (r->>'prompt_tokens')::int, (r->>'completion_tokens')::int, (r->>'temperature')::float8,
+           decode(r->>'continuation_key', 'hex'), decode(r->>'parent_key', 'hex'),
+           coalesce((r->>'stitch_pending')::boolean, false)
+    FROM incoming_calls
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, trajectory_id, tenant, model, policy, adapter_version_id, created_at
+), per_trajectory AS (
+    SELECT i.trajectory_id,
+           min(i.tenant) AS tenant,
+           (array_agg(i.model ORDER BY i.created_at))[1] AS model,
+           (array_agg(i.policy ORDER BY i.created_at))[1] AS policy,
+           (array_agg(i.adapter_version_id ORDER BY i.created_at))[1] AS adapter_version_id,
+           max(c.r->>'client_trajectory_id') AS client_trajectory_id,
+           max(c.r->>'group_id') AS group_id,
+           min(i.created_at) AS first_call_at,
+           max(i.created_at) AS last_call_at,
+           count(*) AS n
+    FROM inserted i JOIN incoming_calls c ON (c.r->>'id')::uuid = i.id
+    GROUP BY i.trajectory_id
+)
+INSERT INTO trajectories AS t (id, tenant, model, policy, adapter_version_id, client_trajectory_id,
+                               group_id, first_call_at, last_call_at, call_count)
+SELECT trajectory_id, tenant, model, policy, adapter_version_id, client_trajectory_id, group_id,
+       first_call_at, last_call_at, n
+FROM per_trajectory
+ON CONFLICT (id) DO UPDATE SET
+    first_call_at = least(t.first_call_at, excluded.first_call_at),
+    last_call_at = greatest(t.last_call_at, excluded.last_call_at),
+    call_count = t.call_count + excluded.call_count,
+    client_trajectory_id = coalesce(t.client_trajectory_id, excluded.client_trajectory_id),
+    group_id = coalesce(excluded.group_id, t.group_id)
+"""
+
+# Calls whose parent (the previous call of the same run) was served by another process:
+# move their trajectory into the parent's. Newest parent wins when several match.
+_FIND_MERGES = """
+SELECT DISTINCT ON (c.trajectory_id) c.trajectory_id AS child, p.trajectory_id AS parent
+FROM calls c
+JOIN calls p ON p.continuation_key = c.parent_key AND p.created_at <= c.created_at
+WHERE c.stitch_pending AND p.trajectory_id <> c.trajectory_id
+ORDER BY c.trajectory_id, p.created_at DESC
+LIMIT 1000
+"""
+
+_APPLY_MERGES = [
+    """UPDATE calls SET trajectory_id = m.parent, stitch_pending = false
+       FROM merges m WHERE calls.trajectory_id = m.child""",
+    """UPDATE trajectories t SET merged_into = m.parent, call_count = 0
+       FROM merges m WHERE t.id = m.child""",
+    """UPDATE trajectories t SET merged_into = m.parent
+       FROM merges m WHERE t.merged_into = m.child""",
+    """UPDATE trajectories t SET
+           call_count = s.n, first_call_at = s.first_call_at, last_call_at = s.last_call_at,
+           group_id = coalesce(t.group_id, s.group_id),
+           client_trajectory_id = coalesce(t.client_trajectory_id, s.client_trajectory_id)
+       FROM (SELECT c.trajectory_id, count(*) AS n, min(c.created_at) AS first_call_at,
+                    max(c.created_at) AS last_call_at, max(ch.group_id) AS group_id,
+                    max(ch.client_trajectory_id) AS client_trajectory_id
+             FROM calls c
+             JOIN merges m ON c.trajectory_id = m.parent
+             LEFT JOIN trajectories ch ON ch.id = m.child
+             GROUP BY c.trajectory_id) s
+       WHERE t.id = s.trajectory_id""",
+]
+
+_SETTLE_PENDING = """
+UPDATE calls c SET stitch_pending = false
+WHERE c.stitch_pending AND (
+    c.created_at < now() - make_interval(secs => %(window_s)s)
+    OR EXISTS (SELECT 1 FROM calls p WHERE p.continuation_key = c.parent_key
+               AND p.trajectory_id = c.trajectory_id))
+"""
+
+
+async def _driver_connection(connection: Any) -> Any:
+    raw = await connection.get_raw_connection()
+    return raw.driver_connection
+
+
+def copy_payload(lines: list[bytes]) -> bytes:
+    """Journal lines as COPY text rows: one JSON document per row, backslashes escaped."""
+    return b"\n".join(line.replace(b"\\", b"\\\\") for line in lines) + b"\n"
+
+
+async def insert_call_lines(engine: AsyncEngine, lines: list[bytes]) -> int:
+    """Store journal lines (JSON call records) in one transaction; duplicates are ignored."""
+    async with engine.connect() as connection:
+        pg = await _driver_connection(connection)
+        async with pg.transaction():
+            async with pg.cursor() as cursor:
+                await cursor.execute(_CREATE_INCOMING)
+                async with cursor.copy("COPY incoming_calls (r) FROM STDIN") as copy:
+                    await copy.write(copy_payload(lines))
+                await cursor.execute(_INSERT_CALLS)
+    return len(lines)
+
+
+async def stitch_pending(engine: AsyncEngine, open_window_s: float) -> int:
+    """Join trajectories split across gateway processes; returns how many were merged."""
+    merged = 0
+    async with engine.connect() as connection:
+        pg = await _driver_connection(connection)
+        async with pg.transaction():
+            async with pg.cursor() as cursor:
+                await cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", (STITCH_LOCK_ID,))
+                row = await cursor.fetchone()
+                if not row or not row[0]:
+                    return 0  # another process is stitching right now
+                for _ in range(10):  # chains of splits resolve one link per round
+                    await cursor.execute(_FIND_MERGES)
+                    pairs = await cursor.fetchall()
+                    if not pairs:
+                        break
+                    await cursor.execute("CREATE TEMP TABLE IF NOT EXISTS merges (child uuid, parent uuid) ON COMMIT DROP")
+                    await cursor.execute("TRUNCATE merges")
+                    # A parent that is itself being merged this round waits for the next round.
+                    children = {child for child, _ in pairs}
+                    pairs = [(child, parent) for child, parent in pairs if parent not in children] or pairs[:1]
+                    await cursor.executemany("INSERT INTO merges VALUES (%s, %s)", pairs)
+                    for statement in _APPLY_MERGES:
+                        await cursor.execute(statement)
+                    merged += len(pairs)
+                await cursor.execute(_SETTLE_PENDING, {"window_s": open_window_s})
+    return merged

@@ -1,0 +1,111 @@
+"""The schema, as SQLAlchemy Core tables. Alembic migrations in `migrations/` create it.
+
+Designed for millions of calls: payloads are JSONB, hot lookups are indexed (a call by the
+`chatcmpl-...` id the client holds, a trajectory's calls, a policy's recent trajectories),
+and stitching keys are 16-byte hashes.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+metadata = MetaData()
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    # "client" keys call /v1; "admin" keys also reach the admin API.
+    Column("role", Text, nullable=False, server_default="client"),
+    # sha256 of the key: keys are 32 random bytes, so an unsalted fast hash is safe.
+    Column("key_hash", LargeBinary, nullable=False, unique=True),
+    # The first characters, to tell keys apart in listings without revealing them.
+    Column("key_prefix", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("revoked_at", DateTime(timezone=True)),
+)
+
+trajectories = Table(
+    "trajectories",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    # Set when `model` is a policy that Apprentice trains.
+    Column("policy", Text),
+    Column("client_trajectory_id", Text),
+    Column("group_id", Text),
+    # A trajectory first seen on one gateway process and later found to continue another
+    # (stitched when shipped) points at the one it joined; its id stays valid as an alias.
+    Column("merged_into", UUID(as_uuid=True), ForeignKey("trajectories.id")),
+    Column("adapter_version_id", UUID(as_uuid=True)),
+    Column("first_call_at", DateTime(timezone=True), nullable=False),
+    Column("last_call_at", DateTime(timezone=True), nullable=False),
+    Column("call_count", Integer, nullable=False, server_default="0"),
+    Column("trained_in_run_id", UUID(as_uuid=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_trajectories_policy_last_call", "policy", "last_call_at"),
+    Index("ix_trajectories_tenant_client_id", "tenant", "client_trajectory_id",
+          postgresql_where=text("client_trajectory_id IS NOT NULL")),
+    Index("ix_trajectories_group", "group_id", postgresql_where=text("group_id IS NOT NULL")),
+    Index("ix_trajectories_merged_into", "merged_into", postgresql_where=text("merged_into IS NOT NULL")),
+)
+
+calls = Table(
+    "calls",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    # The `id` of the upstream's answer (chatcmpl-...), which the client already holds.
+    Column("response_id", Text),
+    Column("trajectory_id", UUID(as_uuid=True), nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("api_key_id", UUID(as_uuid=True)),
+    Column("model", Text, nullable=False),
+    Column("policy", Text),
+    Column("upstream", Text),
+    Column("upstream_model", Text),
+    Column("adapter_version_id", UUID(as_uuid=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("latency_ms", Double),
+    Column("ttft_ms", Double),
+    Column("status_code", Integer, nullable=False),
+    Column("error", JSONB),
+    Column("stream", Boolean, nullable=False, server_default="false"),
+    Column("request", JSONB, nullable=False),
+    Column("response", JSONB),
+    Column("prompt_tokens", Integer),
+    Column("completion_tokens", Integer),
+    Column("temperature", Double),
+    # blake2b-128 of (tenant, model, request messages + first answer): what a later call of
+    # the same run carries as its prefix.
+    Column("continuation_key", LargeBinary),
+    # Same hash of the request up to its last assistant message: the previous call's
+    # continuation key if this call continues a run.
+    Column("parent_key", LargeBinary),
+    # True while the parent was not known on the process that served the call; the shipper
+    # stitches such calls once the parent is stored.
+    Column("stitch_pending", Boolean, nullable=False, server_default="false"),
+    Column("shipped_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_calls_response_id", "response_id"),
+    Index("ix_calls_trajectory", "trajectory_id", "created_at"),
+    Index("ix_calls_policy_created", "policy", "created_at"),
+    Index("ix_calls_continuation_key", "continuation_key"),
+    Index("ix_calls_parent_key_pending", "parent_key", postgresql_where=text("stitch_pending")),
+)

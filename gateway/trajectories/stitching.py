@@ -1,0 +1,166 @@
+"""Which trajectory a call belongs to, decided on the request path without the database.
+
+A run's next call carries the previous call's request and answer as the prefix of its own
+messages. Each message gets a digest of its meaningful fields (role, content, tool calls,
+tool_call_id, name: not the `refusal: null` and similar noise that clients add or drop), and
+the digests are chained, so the key of any prefix costs one hash per message:
+
+    key(prefix) = blake2b(key(prefix[:-1]) || digest(prefix[-1])), seeded by tenant and model.
+
+A finished call registers `continuation_key` = key(request + answer) for each answer choice.
+A new call's `parent_key` = key(messages up to its last assistant message). When this process
+served the parent, the call joins its trajectory at once; otherwise it starts a provisional
+trajectory with `stitch_pending`, and the shipper merges it into the parent's trajectory once
+both are stored (see gateway/store/calls.py), keeping the provisional id as an alias.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+KEY_BYTES = 16
+CLIENT_TRAJECTORY_NAMESPACE = uuid.UUID("6f1d4a7e-8a0b-4c57-9d38-5b7b1f0a2c11")
+
+
+def uuid7() -> uuid.UUID:
+    """Time-ordered UUID (RFC 9562 v7): new rows land at the end of the primary-key index."""
+    ms = time.time_ns() // 1_000_000
+    value = (ms & ((1 << 48) - 1)) << 80 | int.from_bytes(os.urandom(10), "big") & ((1 << 80) - 1)
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # variant
+    return uuid.UUID(int=value)
+
+
+def trajectory_id_for_client(tenant: str, client_id: str) -> uuid.UUID:
+    """The gateway id of a client-named trajectory: the same on every process and replica.
+
+    A UUIDv7 is taken as an id this gateway issued (a client echoing X-Trajectory-Id back);
+    any other name is scoped to the tenant so that tenants cannot collide.
+    """
+    try:
+        parsed = uuid.UUID(client_id)
+        if parsed.version == 7:
+            return parsed
+    except ValueError:
+        pass
+    return uuid.uuid5(CLIENT_TRAJECTORY_NAMESPACE, f"{tenant}\x00{client_id}")
+
+
+def _content_form(content: Any) -> Any:
+    if content is None or content == "":
+        return ""
+    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
+        texts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
+        if len(texts) == len(content):
+            return "".join(t or "" for t in texts)
+    return content
+
+
+def message_digest(message: Any) -> bytes:
+    if not isinstance(message, dict):
+        return hashlib.blake2b(orjson.dumps(message), digest_size=KEY_BYTES).digest()
+    form: list[Any] = [message.get("role"), _content_form(message.get("content"))]
+    tool_calls = message.get("tool_calls")
+    if tool_calls:
+        form.append([
+            [call.get("id"), (call.get("function") or {}).get("name"), (call.get("function") or {}).get("arguments")]
+            for call in tool_calls if isinstance(call, dict)
+        ])
+    if message.get("tool_call_id"):
+        form.append(["tool_call_id", message["tool_call_id"]])
+    if message.get("name"):
+        form.append(["name", message["name"]])
+    return hashlib.blake2b(orjson.dumps(form, option=orjson.OPT_SORT_KEYS), digest_size=KEY_BYTES).digest()
+
+
+def seed_key(tenant: str, model: str) -> bytes:
+    return hashlib.blake2b(f"{tenant}\x00{model}".encode(), digest_size=KEY_BYTES).digest()
+
+
+def extend_key(key: bytes, message: Any) -> bytes:
+    return hashlib.blake2b(key + message_digest(message), digest_size=KEY_BYTES).digest()
+
+
+@dataclass(slots=True)
+class MessageKeys:
+    """Chained keys of a request's messages: `request_key` covers all of them."""
+
+    request_key: bytes
+    parent_key: bytes | None
+
+
+def request_keys(tenant: str, model: str, messages: list[Any]) -> MessageKeys:
+    key = seed_key(tenant, model)
+    parent: bytes | None = None
+    for message in messages:
+        key = extend_key(key, message)
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            parent = key
+    return MessageKeys(request_key=key, parent_key=parent)
+
+
+class StitchIndex:
+    """This process's open trajectories: continuation key -> trajectory id, LRU with a TTL."""
+
+    def __init__(self, *, max_entries: int, ttl_s: float) -> None:
+        self.max_entries = max_entries
+        self.ttl_s = ttl_s
+        self._entries: OrderedDict[bytes, tuple[uuid.UUID, float]] = OrderedDict()
+
+    def lookup(self, key: bytes | None) -> uuid.UUID | None:
+        if key is None:
+            return None
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        trajectory_id, expires_at = entry
+        if expires_at < time.monotonic():
+            del self._entries[key]
+            return None
+        return trajectory_id
+
+    def register(self, key: bytes, trajectory_id: uuid.UUID) -> None:
+        self._entries[key] = (trajectory_id, time.monotonic() + self.ttl_s)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+@dataclass(slots=True)
+class TrajectoryAssignment:
+    trajectory_id: uuid.UUID
+    client_trajectory_id: str | None
+    keys: MessageKeys
+    stitch_pending: bool
+
+
+def assign_trajectory(index: StitchIndex, *, tenant: str, model: str, messages: list[Any],
+                      client_trajectory_id: str | None) -> TrajectoryAssignment:
+    keys = request_keys(tenant, model, messages)
+    if client_trajectory_id:
+        return TrajectoryAssignment(trajectory_id_for_client(tenant, client_trajectory_id),
+                                    client_trajectory_id, keys, False)
+    known = index.lookup(keys.parent_key)
+    if known is not None:
+        return TrajectoryAssignment(known, None, keys, False)
+    return TrajectoryAssignment(uuid7(), None, keys, keys.parent_key is not None)
+
+
+def continuation_keys(keys: MessageKeys, answers: list[Any]) -> list[bytes]:
+    """Keys that the next call of this run will carry as its parent key, one per choice."""
+    return [extend_key(keys.request_key, answer) for answer in answers]
+
+
+def new_call_id() -> uuid.UUID:
+    return uuid7()

@@ -1,0 +1,112 @@
+"""From the model name a client calls to the ordered list of upstreams to try.
+
+Deployments that share a `model_name` are rotated round-robin; LiteLLM-style fallbacks
+follow. A policy's calls go to its inference endpoints (vLLM or the local server).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.config import ModelEntry, PolicySettings, Settings, resolve_secret
+
+
+@dataclass(slots=True)
+class UpstreamTarget:
+    """One place a call can be sent. `api_key` is held in memory only, never recorded."""
+
+    name: str  # for metrics and the record: model_name, or policy@endpoint
+    direct: bool
+    api_base: str
+    upstream_model: str
+    api_key: str | None
+    timeout: float
+    litellm_model: str | None = None
+    litellm_params: dict[str, Any] = field(default_factory=dict)
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+
+@dataclass(slots=True)
+class RoutePlan:
+    model: str
+    policy: PolicySettings | None
+    targets: list[UpstreamTarget]  # the model's own deployments first, then its fallbacks
+    primary_count: int
+
+
+class UnknownModel(LookupError):
+    pass
+
+
+def _target_from_entry(entry: ModelEntry, default_timeout: float) -> UpstreamTarget:
+    params = entry.litellm_params
+    return UpstreamTarget(
+        name=entry.model_name,
+        direct=entry.is_direct,
+        api_base=entry.api_base,
+        upstream_model=params.upstream_model,
+        api_key=resolve_secret(params.api_key),
+        timeout=params.timeout or default_timeout,
+        litellm_model=params.model,
+        litellm_params={k: v for k, v in params.extra_params.items()},
+    )
+
+
+def _targets_from_policy(policy: PolicySettings) -> list[UpstreamTarget]:
+    api_key = resolve_secret(policy.api_key)
+    return [UpstreamTarget(name=f"{policy.name}@{endpoint}", direct=True, api_base=endpoint,
+                           upstream_model=policy.base_model, api_key=api_key, timeout=policy.timeout)
+            for endpoint in policy.endpoints]
+
+
+class Router:
+    """Resolved once at start; `plan` is called on every request and only rotates lists."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        timeout = settings.router_settings.timeout
+        self._deployments: dict[str, list[UpstreamTarget]] = {}
+        for entry in settings.model_list:
+            self._deployments.setdefault(entry.model_name, []).append(_target_from_entry(entry, timeout))
+        self._policies = {policy.name: policy for policy in settings.policies}
+        for policy in settings.policies:
+            if policy.endpoints:
+                self._deployments[policy.name] = _targets_from_policy(policy)
+        self._cursors = {name: itertools.count() for name in self._deployments}
+        default = settings.default_upstream or (settings.model_list[0].model_name if settings.model_list else None)
+        self.default_target = self._deployments[default][0] if default else None
+
+    @property
+    def model_names(self) -> list[str]:
+        return list(self._deployments)
+
+    def _rotated(self, name: str) -> list[UpstreamTarget]:
+        targets = self._deployments[name]
+        if len(targets) == 1:
+            return list(targets)
+        start = next(self._cursors[name]) % len(targets)
+        return targets[start:] + targets[:start]
+
+    def plan(self, model: str) -> RoutePlan:
+        if model not in self._deployments:
+            raise UnknownModel(model)
+        targets = self._rotated(model)
+        primary_count = len(targets)
+        for fallback in self.settings.router_settings.fallbacks_for(model):
+            if fallback in self._deployments:
+                targets.extend(self._rotated(fallback))
+        return RoutePlan(model=model, policy=self._policies.get(model), targets=targets,
+                         primary_count=primary_count)
+
+    def target_for_other_endpoint(self, model: str | None) -> UpstreamTarget | None:
+        """Embeddings and the like: the deployment of that model name, else the default."""
+        if model and model in self._deployments:
+            return self._rotated(model)[0]
+        return self.default_target

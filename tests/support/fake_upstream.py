@@ -1,0 +1,243 @@
+"""A fake OpenAI-compatible upstream for tests and benchmarks.
+
+It stands in for a paid API or a GPU server. Its answers are deterministic and controlled by
+the request, so tests can check that the gateway forwards and records them faithfully:
+
+- `model` "fail-<status>" answers that status with an OpenAI error body;
+  "slow-<ms>" waits that long before answering.
+- `tools` (unless `tool_choice` is "none") makes the answer a call of the first tool.
+- `n`, `logprobs`/`top_logprobs`, `stream` with `stream_options.include_usage`, and vLLM's
+  `return_token_ids` are honoured.
+- Header `X-Fake-Chunks` sets how many content chunks a stream has (default 20).
+- `GET /_requests` returns the bodies received (newest last); `DELETE /_requests` clears them.
+
+Run it alone with `python -m tests.support.fake_upstream --port 9100`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+DEFAULT_CHUNKS = 20
+ANSWER_WORDS = 20
+
+
+def _error(status: int, message: str, err_type: str = "invalid_request_error") -> web.Response:
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": None}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") in ("user", "tool"):
+            content = message.get("content")
+            if isinstance(content, list):
+                return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return str(content or "")
+    return ""
+
+
+def _answer_words(body: dict[str, Any], choice_index: int) -> list[str]:
+    seed = body.get("seed")
+    prefix = _last_user_text(body.get("messages", []))[:40].split()
+    words = [f"w{(i + choice_index + (seed or 0)) % 97}" for i in range(ANSWER_WORDS - len(prefix))]
+    return prefix + words
+
+
+def _token_logprobs(tokens: list[str], top: int) -> dict[str, Any]:
+    content = []
+    for i, token in enumerate(tokens):
+        entry: dict[str, Any] = {"token": token, "logprob": -0.1 * (i % 5), "bytes": list(token.encode())}
+        entry["top_logprobs"] = [
+            {"token": token if k == 0 else f"alt{k}", "logprob": -0.1 * (i % 5) - k, "bytes": None}
+            for k in range(top)
+        ]
+        content.append(entry)
+    return {"content": content, "refusal": None}
+
+
+def _tool_call(body: dict[str, Any], choice_index: int) -> dict[str, Any]:
+    tool = body["tools"][0]
+    name = tool.get("function", {}).get("name", "tool")
+    return {
+        "id": f"call_{choice_index}_{abs(hash(name)) % 10_000}",
+        "type": "function",
+        "function": {"name": name, "arguments": orjson.dumps({"query": "weather", "n": choice_index}).decode()},
+    }
+
+
+def _wants_tool(body: dict[str, Any]) -> bool:
+    return bool(body.get("tools")) and body.get("tool_choice") != "none"
+
+
+class FakeUpstream:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.counter = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/_requests", self.list_requests)
+        app.router.add_delete("/_requests", self.clear_requests)
+        return app
+
+    async def list_requests(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps({"requests": self.requests, "headers": self.headers}),
+                            content_type="application/json")
+
+    async def clear_requests(self, request: web.Request) -> web.Response:
+        self.requests.clear()
+        self.headers.clear()
+        return web.Response(status=204)
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}]
+        return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json")
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        inputs = body.get("input")
+        inputs = inputs if isinstance(inputs, list) else [inputs]
+        data = [{"object": "embedding", "index": i, "embedding": [0.1 * (i + 1), 0.2, 0.3]} for i in range(len(inputs))]
+        answer = {"object": "list", "data": data, "model": body.get("model"),
+                  "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)}}
+        return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return _error(400, "fake upstream: body is not JSON")
+        if len(self.requests) > 10_000:
+            del self.requests[:5_000], self.headers[:5_000]
+        self.requests.append(body)
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        model = str(body.get("model", ""))
+        if model.startswith("fail-"):
+            status = int(model.split("-", 1)[1])
+            return _error(status, f"fake upstream failure {status}", "server_error" if status >= 500 else "invalid_request_error")
+        if model.startswith("slow-"):
+            await asyncio.sleep(int(model.split("-", 1)[1]) / 1000)
+        if not isinstance(body.get("messages"), list):
+            return _error(400, "messages must be a list")
+        self.counter += 1
+        completion_id = f"chatcmpl-fake{self.counter:08d}"
+        if body.get("stream"):
+            return await self._stream(request, body, completion_id)
+        return web.Response(body=orjson.dumps(self._complete(body, completion_id)), content_type="application/json")
+
+    def _usage(self, body: dict[str, Any], n: int) -> dict[str, int]:
+        prompt = sum(len(str(m.get("content") or "").split()) + 3 for m in body["messages"])
+        return {"prompt_tokens": prompt, "completion_tokens": ANSWER_WORDS * n, "total_tokens": prompt + ANSWER_WORDS * n}
+
+    def _complete(self, body: dict[str, Any], completion_id: str) -> dict[str, Any]:
+        n = int(body.get("n") or 1)
+        choices = []
+        for index in range(n):
+            words = _answer_words(body, index)
+            message: dict[str, Any] = {"role": "assistant", "content": " ".join(words), "refusal": None}
+            finish = "stop"
+            if _wants_tool(body):
+                message = {"role": "assistant", "content": None, "tool_calls": [_tool_call(body, index)]}
+                finish = "tool_calls"
+            choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish,
+                                      "logprobs": None}
+            if body.get("logprobs"):
+                choice["logprobs"] = _token_logprobs(words, int(body.get("top_logprobs") or 0))
+            if body.get("return_token_ids"):
+                choice["token_ids"] = [100 + i for i in range(len(words))]
+            choices.append(choice)
+        answer: dict[str, Any] = {
+            "id": completion_id, "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model"), "choices": choices, "usage": self._usage(body, n),
+            "system_fingerprint": "fp_fake",
+        }
+        if body.get("return_token_ids"):
+            answer["prompt_token_ids"] = list(range(1, 11))
+        return answer
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], completion_id: str) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        n = int(body.get("n") or 1)
+        chunks = int(request.headers.get("X-Fake-Chunks", DEFAULT_CHUNKS))
+        created = int(time.time())
+        base = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                "model": body.get("model"), "system_fingerprint": "fp_fake"}
+        if body.get("stream_options", {}).get("include_usage"):
+            base["usage"] = None
+
+        async def send(choices: list[dict[str, Any]], **extra: Any) -> None:
+            await response.write(b"data: " + orjson.dumps({**base, "choices": choices, **extra}) + b"\n\n")
+
+        for index in range(n):
+            await send([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+        for index in range(n):
+            if _wants_tool(body):
+                call = _tool_call(body, index)
+                arguments = call["function"]["arguments"]
+                half = len(arguments) // 2
+                await send([{"index": index, "delta": {"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
+                             "function": {"name": call["function"]["name"], "arguments": arguments[:half]}}]},
+                             "logprobs": None, "finish_reason": None}])
+                await send([{"index": index, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]},
+                             "logprobs": None, "finish_reason": None}])
+                await send([{"index": index, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}])
+                continue
+            words = _answer_words(body, index)
+            per_chunk = max(1, -(-len(words) // chunks))
+            for start in range(0, len(words), per_chunk):
+                piece = words[start:start + per_chunk]
+                text = (" " if start else "") + " ".join(piece)
+                choice: dict[str, Any] = {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+                if body.get("logprobs"):
+                    choice["logprobs"] = _token_logprobs(piece, int(body.get("top_logprobs") or 0))
+                if body.get("return_token_ids"):
+                    choice["token_ids"] = [100 + start + i for i in range(len(piece))]
+                await send([choice])
+            await send([{"index": index, "delta": {}, "logprobs": None, "finish_reason": "stop"}])
+        if body.get("stream_options", {}).get("include_usage"):
+            await send([], usage=self._usage(body, n))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+async def start_fake_upstream(host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, FakeUpstream, int]:
+    """Start the fake upstream in the running event loop; returns the runner, the state and the port."""
+    fake = FakeUpstream()
+    runner = web.AppRunner(fake.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, fake, bound_port
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9100)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    web.run_app(FakeUpstream().app(), host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()
