@@ -1,0 +1,414 @@
+"""The generation engine: one background thread that batches requests and decodes them.
+
+Requests arrive from the event loop (`generate`) and wait in a queue. The engine thread keeps
+one running batch, all for the same adapter, with a KV cache (left padding + attention mask).
+Between decode steps it admits waiting requests for that adapter (continuous batching: their
+prompts are prefilled and their caches merged into the running one) and drops finished
+sequences. Requests for another adapter wait until the running batch drains, and once such a
+request is the oldest waiting one, nothing new joins the running batch, so no adapter starves.
+
+Adapter loads and unloads run on the same thread between steps (`call`), so the model never
+changes under a forward pass. torch releases the GIL while it computes, so the event loop keeps
+answering HTTP requests and streaming tokens meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import torch
+from transformers import DynamicCache
+
+from learner.serving.adapters import LoraManager
+from learner.serving.sampling import (SamplingParams, make_generator, processed_logprobs, sample_row,
+                                      top_logprobs)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class SequenceUpdate:
+    """What one decode step produced for one choice: sent to the request's consumer."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters the tests and the benchmark read to see that batching happens."""
+
+    steps: int = 0
+    tokens: int = 0
+    max_batch_size: int = 0
+    prefills: int = 0
+
+
+class _Request:
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, adapter: str | None,
+                 sink: Callable[[list[SequenceUpdate] | BaseException], None]) -> None:
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.adapter = adapter
+        self.sink = sink
+        self.cancelled = False
+        self.arrival = time.monotonic()
+
+
+class _Sequence:
+    """One choice of a request while it decodes."""
+
+    def __init__(self, request: _Request, index: int, device: torch.device) -> None:
+        self.request = request
+        self.params = request.params
+        self.index = index
+        self.generator = make_generator(request.params.seed, index, device)
+        self.output_ids: list[int] = []
+        self.text = ""
+        self.emitted = 0
+        self.finished = False
+
+
+class _Batch:
+    """The running batch: sequences, their KV cache and where each one stands."""
+
+    def __init__(self, adapter: str | None, seqs: list[_Sequence], cache: DynamicCache, mask: torch.Tensor,
+                 positions: torch.Tensor) -> None:
+        self.adapter = adapter
+        self.seqs = seqs
+        self.cache = cache
+        self.mask = mask          # [B, T] 1 for real tokens, 0 for left padding
+        self.positions = positions  # [B] position id of the next token to feed
+
+
+def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _cache_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _merge_caches(a: DynamicCache, b: DynamicCache, length: int) -> DynamicCache:
+    """Stack two caches along the batch, left-padding the shorter one in time."""
+    data = []
+    for (ka, va), (kb, vb) in zip(_cache_tensors(a), _cache_tensors(b)):
+        data.append((torch.cat([_left_pad(ka, length, 2), _left_pad(kb, length, 2)]),
+                     torch.cat([_left_pad(va, length, 2), _left_pad(vb, length, 2)])))
+    return DynamicCache(ddp_cache_data=data)
+
+
+class GenerationEngine:
+    """Batching generation over a transformers model whose adapters a LoraManager owns."""
+
+    def __init__(self, lora: LoraManager, tokenizer: Any, device: torch.device, max_batch_size: int = 16,
+                 max_model_len: int = 8192) -> None:
+        self.lora = lora
+        self.tokenizer = tokenizer
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len
+        self.stats = EngineStats()
+        self.eos_token_ids = self._eos_ids()
+        # transformers renamed these keywords across versions; ask the model which it takes
+        accepted = inspect.signature(lora.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in accepted else "past_key_values"
+        self._logits_kwarg = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in accepted), None)
+        self._cond = threading.Condition()
+        self._waiting: deque[_Request] = deque()
+        self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
+        self._batch: _Batch | None = None
+        self._stopping = False
+        self._draining = False  # a command waits for the running batch: admit nothing new
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="apprentice-engine", daemon=True)
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        config_eos = getattr(getattr(self.lora.model, "generation_config", None), "eos_token_id", None)
+        for value in (config_eos, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif value:
+                ids.update(int(v) for v in value)
+        return ids
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------ API for the event loop
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the engine thread between decode steps (adapter changes) and await it."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            self._commands.append((fn, future))
+            self._cond.notify_all()
+        return await asyncio.wrap_future(future)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       adapter: str | None = None) -> AsyncIterator[list[SequenceUpdate]]:
+        """Yield each step's updates for this request until all its choices have finished."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[list[SequenceUpdate] | BaseException] = asyncio.Queue()
+
+        def sink(item: list[SequenceUpdate] | BaseException) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+                pass
+
+        request = _Request(f"req-{next(self._ids)}", prompt_ids, params, adapter, sink)
+        with self._cond:
+            self._waiting.append(request)
+            self._cond.notify_all()
+        remaining = params.n
+        try:
+            while remaining:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                remaining -= sum(1 for update in item if update.finish_reason is not None)
+                yield item
+        finally:
+            request.cancelled = True  # a client that went away stops using the batch
+
+    # ------------------------------------------------------------ the engine thread
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                while not (self._stopping or self._commands or self._waiting or self._batch):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                # Changing adapters under a running batch would change its outputs midway: let
+                # it finish (nothing new joins it meanwhile) and run the commands afterwards.
+                commands: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
+                if self._batch is None:
+                    commands = list(self._commands)
+                    self._commands.clear()
+                self._draining = bool(self._commands)
+            for fn, future in commands:
+                self._run_command(fn, future)
+            try:
+                self._admit()
+                if self._batch is not None:
+                    self._step()
+            except Exception as exc:  # never let one bad batch kill the server
+                log.exception("generation failed")
+                self._fail_batch(exc)
+        self._fail_batch(RuntimeError("the engine stopped"))
+
+    @staticmethod
+    def _run_command(fn: Callable[[], Any], future: concurrent.futures.Future) -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    def _fail_batch(self, exc: BaseException) -> None:
+        requests = {id(s.request): s.request for s in self._batch.seqs} if self._batch else {}
+        self._batch = None
+        for request in requests.values():
+            request.sink(exc)
+
+    # ------------------------------------------------------------ admission and prefill
+
+    def _take_waiting(self) -> list[_Request]:
+        """Waiting requests that may join now, oldest first, within the batch size."""
+        with self._cond:
+            while self._waiting and self._waiting[0].cancelled:
+                self._waiting.popleft()
+            if not self._waiting or self._commands or self._draining:
+                return []
+            adapter = self._batch.adapter if self._batch else self._waiting[0].adapter
+            if self._batch is not None and self._waiting[0].adapter != adapter:
+                return []  # an older request needs another adapter: let this batch drain first
+            room = self.max_batch_size - (len(self._batch.seqs) if self._batch else 0)
+            taken: list[_Request] = []
+            for request in list(self._waiting):
+                if request.adapter != adapter or request.cancelled:
+                    continue
+                if request.params.n > room and (taken or self._batch is not None):
+                    break
+                taken.append(request)
+                self._waiting.remove(request)
+                room -= request.params.n
+                if room <= 0:
+                    break
+            return taken
+
+    def _admit(self) -> None:
+        requests = self._take_waiting()
+        if not requests:
+            return
+        adapter = requests[0].adapter
+        if adapter is not None and adapter not in self.lora.adapters:
+            # unloaded while it waited
+            for request in requests:
+                request.sink(KeyError(adapter))
+            return
+        seqs = [_Sequence(r, i, self.device) for r in requests for i in range(r.params.n)]
+        prompts = [s.request.prompt_ids for s in seqs]
+        length = max(len(p) for p in prompts)
+        input_ids = torch.full((len(seqs), length), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), length), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, length - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, length - len(prompt):] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self._forward(adapter, input_ids, mask, position_ids, cache)
+        self.stats.prefills += 1
+        new = _Batch(adapter, seqs, cache, mask, mask.sum(-1))
+        self._sample_and_emit(new, logits)
+        if self._batch is None:
+            self._batch = new
+        else:
+            self._batch = self._merge(self._batch, new)
+        self._prune()
+
+    def _merge(self, old: _Batch, new: _Batch) -> _Batch:
+        length = max(old.mask.shape[1], new.mask.shape[1])
+        cache = _merge_caches(old.cache, new.cache, length)
+        mask = torch.cat([_left_pad(old.mask, length, 1), _left_pad(new.mask, length, 1)])
+        return _Batch(old.adapter, old.seqs + new.seqs, cache, mask, torch.cat([old.positions, new.positions]))
+
+    # ------------------------------------------------------------ decoding
+
+    def _step(self) -> None:
+        batch = self._batch
+        assert batch is not None
+        last = torch.tensor([s.output_ids[-1] for s in batch.seqs], dtype=torch.long, device=self.device)
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.seqs), 1))], dim=1)
+        logits = self._forward(batch.adapter, last.unsqueeze(-1), batch.mask, batch.positions.unsqueeze(-1),
+                               batch.cache)
+        batch.positions = batch.positions + 1
+        self._sample_and_emit(batch, logits)
+        self._prune()
+
+    def _forward(self, adapter: str | None, input_ids: torch.Tensor, mask: torch.Tensor,
+                 position_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """One forward pass that extends `cache` in place; returns the last position's logits."""
+        kwargs = {self._cache_kwarg: cache, "use_cache": True}
+        if self._logits_kwarg:
+            kwargs[self._logits_kwarg] = 1  # the lm_head only where we sample
+        with self.lora.activate(adapter) as model:
+            out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, **kwargs)
+        return out.logits[:, -1, :]
+
+    def _sample_and_emit(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Sample one token per sequence, check stop conditions and send each request its updates."""
+        self.stats.steps += 1
+        self.stats.max_batch_size = max(self.stats.max_batch_size, len(batch.seqs))
+        temperatures = torch.tensor([s.params.temperature for s in batch.seqs], dtype=torch.float32,
+                                    device=logits.device)
+        logprobs = processed_logprobs(logits, temperatures)
+        tokens = [sample_row(logprobs[row], s.params, s.generator) for row, s in enumerate(batch.seqs)]
+        chosen = logprobs.gather(1, torch.tensor(tokens, device=logits.device).unsqueeze(-1)).squeeze(-1).tolist()
+        updates: dict[int, list[SequenceUpdate]] = {}
+        for row, seq in enumerate(batch.seqs):
+            if seq.finished:
+                continue
+            token = tokens[row]
+            entry = None
+            if seq.params.logprobs:
+                entry = TokenLogprob(token, chosen[row], top_logprobs(logprobs[row], seq.params.top_logprobs))
+            update = self._advance(seq, token, entry)
+            updates.setdefault(id(seq.request), []).append(update)
+            self.stats.tokens += 1
+        for seq in batch.seqs:
+            batch_updates = updates.pop(id(seq.request), None)
+            if batch_updates:
+                seq.request.sink(batch_updates)
+
+    def _advance(self, seq: _Sequence, token: int, entry: TokenLogprob | None) -> SequenceUpdate:
+        """Append a token to a sequence and work out its new text and whether it is done."""
+        params = seq.params
+        seq.output_ids.append(token)
+        finish_reason: str | None = None
+        stop_reason: int | str | None = None
+        if token in params.stop_token_ids:
+            finish_reason, stop_reason = "stop", token
+        elif token in self.eos_token_ids and not params.ignore_eos:
+            finish_reason = "stop"
+        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=params.skip_special_tokens)
+        if finish_reason is None and params.stop:
+            start = max(0, len(seq.text) - max(len(s) for s in params.stop))
+            hits = [(text.find(s, start), s) for s in params.stop]
+            hits = [(at, s) for at, s in hits if at >= 0]
+            if hits:
+                at, stop = min(hits)
+                text = text[:at + len(stop)] if params.include_stop_str_in_output else text[:at]
+                finish_reason, stop_reason = "stop", stop
+        if finish_reason is None and (len(seq.output_ids) >= params.max_tokens
+                                      or len(seq.request.prompt_ids) + len(seq.output_ids) >= self.max_model_len):
+            finish_reason = "length"
+        seq.text = text
+        if finish_reason is not None or seq.request.cancelled:
+            seq.finished = True
+            end = len(text)
+        else:
+            # hold back what may still turn into a stop string or a multi-byte character
+            end = len(text) - (max(len(s) for s in params.stop) - 1 if params.stop else 0)
+            while end > seq.emitted and text[end - 1] == "\ufffd":
+                end -= 1
+        delta = text[seq.emitted:max(end, seq.emitted)]
+        seq.emitted = max(end, seq.emitted)
+        return SequenceUpdate(seq.index, [token], delta, [entry] if entry else [], finish_reason, stop_reason)
+
+    def _prune(self) -> None:
+        """Drop finished (or abandoned) sequences and the padding columns nobody needs any more."""
+        batch = self._batch
+        if batch is None:
+            return
+        keep = [row for row, s in enumerate(batch.seqs) if not s.finished and not s.request.cancelled]
+        if not keep:
+            self._batch = None
+            return
+        if len(keep) == len(batch.seqs):
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        mask = batch.mask.index_select(0, index)
+        first = int((mask.sum(0) > 0).nonzero()[0].item())  # leading columns that are padding for all
+        data = [(k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:])
+                for k, v in _cache_tensors(batch.cache)]
+        self._batch = _Batch(batch.adapter, [batch.seqs[r] for r in keep], DynamicCache(ddp_cache_data=data),
+                             mask[:, first:], batch.positions.index_select(0, index))
