@@ -168,6 +168,33 @@ class StitchSettings(BaseModel):
     max_open_trajectories: int = 200_000
 
 
+class WebhookSecret(BaseModel):
+    """A signing secret for reward webhooks; rewards signed with it belong to `tenant`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Or "os.environ/NAME". Several secrets may share a tenant (rotation: add the new one,
+    # move the sender over, remove the old one).
+    secret: SecretStr
+    tenant: str
+    name: str = "default"
+
+
+class RewardSettings(BaseModel):
+    """POST /v1/rewards: signed webhooks, batches and pending rewards."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    webhook_secrets: list[WebhookSecret] = Field(default_factory=list)
+    # A signature's timestamp may be this far from the gateway's clock (Stripe uses 300 s).
+    tolerance_s: float = 300.0
+    # A reward whose trajectory is still unknown after this long is reported as overdue
+    # (GET /v1/rewards/pending); it is kept and still links if the trajectory lands.
+    pending_window_s: float = 3600.0
+    max_batch: int = Field(default=1000, ge=1)
+    max_comment_chars: int = 4096
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="APPRENTICE_", env_nested_delimiter="__", extra="ignore"
@@ -184,6 +211,7 @@ class Settings(BaseSettings):
     journal: JournalSettings = Field(default_factory=JournalSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     stitching: StitchSettings = Field(default_factory=StitchSettings)
+    rewards: RewardSettings = Field(default_factory=RewardSettings)
 
     model_list: list[ModelEntry] = Field(default_factory=list)
     router_settings: RouterSettings = Field(default_factory=RouterSettings)

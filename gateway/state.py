@@ -18,12 +18,14 @@ from gateway.journal.shipper import JournalShipper
 from gateway.journal.writer import JournalWriter
 from gateway.store.calls import insert_call_lines, stitch_pending
 from gateway.store.engine import make_async_engine
+from gateway.store.secrets import instance_secret
 from gateway.trajectories.stitching import StitchIndex
 from gateway.upstreams.direct import make_session
 from gateway.upstreams.routing import Router
 
 log = logging.getLogger(__name__)
 
+TRAJECTORY_ID_SECRET = "trajectory_ids"
 PENDING_MARK = b'"stitch_pending":true'
 STITCH_INTERVAL_S = 0.5
 # Pending calls older than the open window are settled even when no new one arrives.
@@ -46,10 +48,12 @@ class GatewayState:
                                         ttl_s=settings.stitching.open_window_s)
         self.open_key = KeyInfo(id=None, name="open", tenant=settings.auth.open_tenant, role="admin")
         self.session: aiohttp.ClientSession | None = None
+        self.instance_secret = b""
         self._stitch_wanted = asyncio.Event()
         self._stitch_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        self.instance_secret = await instance_secret(self.engine, TRAJECTORY_ID_SECRET)
         self.journal.open()
         self.session = make_session()
         await self.keys.start()

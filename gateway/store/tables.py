@@ -8,11 +8,14 @@ and stitching keys are 16-byte hashes.
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
+    CheckConstraint,
     Column,
     DateTime,
     Double,
     ForeignKey,
+    Identity,
     Index,
     Integer,
     LargeBinary,
@@ -108,4 +111,75 @@ calls = Table(
     Index("ix_calls_policy_created", "policy", "created_at"),
     Index("ix_calls_continuation_key", "continuation_key"),
     Index("ix_calls_parent_key_pending", "parent_key", postgresql_where=text("stitch_pending")),
+)
+
+# Secrets this installation generates for itself, shared by all its gateway processes
+# (e.g. the key that derives trajectory ids from client-chosen names).
+instance_secrets = Table(
+    "instance_secrets",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Rewards: every accepted reward is a row (history is never deleted). A row is *current*
+# when status = 'linked' and superseded_at IS NULL: at most one per (trajectory_id, name).
+# The learner's "rewarded trajectories of policy P not yet trained on" is
+#   SELECT t.id, r.value FROM trajectories t
+#   JOIN rewards r ON r.trajectory_id = t.id AND r.name = 'reward'
+#                 AND r.status = 'linked' AND r.superseded_at IS NULL
+#   WHERE t.policy = :p AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL
+# (ix_rewards_current). Rows whose trajectory is not stored yet are 'pending'
+# (trajectory_id NULL) and are linked by gateway/store/rewards.py when it lands.
+rewards = Table(
+    "rewards",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    # Arrival order: the tie-break between rewards observed at the same instant.
+    Column("seq", BigInteger, Identity(always=False), nullable=False),
+    Column("tenant", Text, nullable=False),
+    # "trajectory" (a gateway or client trajectory id) or "call" (chatcmpl-... or call uuid).
+    Column("target_kind", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("target_trajectory_id", UUID(as_uuid=True)),
+    Column("target_call", Text),
+    # The (root) trajectory once linked; NULL while pending.
+    Column("trajectory_id", UUID(as_uuid=True)),
+    Column("status", Text, nullable=False, server_default="pending"),
+    Column("reject_reason", Text),
+    Column("name", Text, nullable=False, server_default="reward"),
+    Column("value", Double, nullable=False),
+    Column("metrics", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("comment", Text),
+    Column("group_id", Text),
+    Column("idempotency_key", Text),
+    Column("content_hash", LargeBinary, nullable=False),
+    Column("source", Text, nullable=False),  # "key" or "webhook:<secret name>"
+    Column("api_key_id", UUID(as_uuid=True)),
+    # When the outcome was observed (client `timestamp`, else receipt): "latest" means this.
+    Column("observed_at", DateTime(timezone=True), nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("linked_at", DateTime(timezone=True)),
+    Column("superseded_at", DateTime(timezone=True)),
+    CheckConstraint("status IN ('pending', 'linked', 'rejected')", name="ck_rewards_status"),
+    CheckConstraint("(status = 'pending') = (trajectory_id IS NULL)", name="ck_rewards_linked"),
+    Index("ix_rewards_current", "trajectory_id", "name",
+          postgresql_where=text("status = 'linked' AND superseded_at IS NULL")),
+    Index("ix_rewards_trajectory", "trajectory_id", postgresql_where=text("trajectory_id IS NOT NULL")),
+    Index("ix_rewards_pending", "received_at", postgresql_where=text("status = 'pending'")),
+    Index("uq_rewards_idempotency", "tenant", "idempotency_key", "content_hash", unique=True,
+          postgresql_where=text("idempotency_key IS NOT NULL")),
+)
+
+# Signatures of accepted webhook deliveries, to refuse replays across gateway processes.
+# Rows older than twice the tolerance window are deleted: older ones are refused as stale.
+reward_signatures = Table(
+    "reward_signatures",
+    metadata,
+    Column("signature", LargeBinary, primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("signed_at", DateTime(timezone=True), nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_reward_signatures_signed_at", "signed_at"),
 )

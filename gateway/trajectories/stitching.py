@@ -17,6 +17,7 @@ both are stored (see gateway/store/calls.py), keeping the provisional id as an a
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import time
 import uuid
@@ -27,7 +28,6 @@ from typing import Any
 import orjson
 
 KEY_BYTES = 16
-CLIENT_TRAJECTORY_NAMESPACE = uuid.UUID("6f1d4a7e-8a0b-4c57-9d38-5b7b1f0a2c11")
 
 
 def uuid7() -> uuid.UUID:
@@ -39,19 +39,25 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-def trajectory_id_for_client(tenant: str, client_id: str) -> uuid.UUID:
+def trajectory_id_for_client(secret: bytes, tenant: str, client_id: str) -> uuid.UUID:
     """The gateway id of a client-named trajectory: the same on every process and replica.
 
-    A UUIDv7 is taken as an id this gateway issued (a client echoing X-Trajectory-Id back);
-    any other name is scoped to the tenant so that tenants cannot collide.
+    Derived with a keyed hash (the instance secret, kept in PostgreSQL) so that nobody can
+    compute another tenant's trajectory id from a guessable name; marked as UUID version 8.
+    A UUID of version 7 or 8 is an id this gateway issued, echoed back by the client, and is
+    taken as it is (122 unguessable bits).
     """
     try:
         parsed = uuid.UUID(client_id)
-        if parsed.version == 7:
+        if parsed.version in (7, 8):
             return parsed
     except ValueError:
         pass
-    return uuid.uuid5(CLIENT_TRAJECTORY_NAMESPACE, f"{tenant}\x00{client_id}")
+    digest = hmac.new(secret, f"{tenant}\x00{client_id}".encode(), hashlib.sha256).digest()
+    value = int.from_bytes(digest[:16], "big")
+    value = (value & ~(0xF << 76)) | (0x8 << 76)  # version 8: custom
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 9562 variant
+    return uuid.UUID(int=value)
 
 
 def _content_form(content: Any) -> Any:
@@ -145,11 +151,11 @@ class TrajectoryAssignment:
     stitch_pending: bool
 
 
-def assign_trajectory(index: StitchIndex, *, tenant: str, model: str, messages: list[Any],
+def assign_trajectory(index: StitchIndex, *, secret: bytes, tenant: str, model: str, messages: list[Any],
                       client_trajectory_id: str | None) -> TrajectoryAssignment:
     keys = request_keys(tenant, model, messages)
     if client_trajectory_id:
-        return TrajectoryAssignment(trajectory_id_for_client(tenant, client_trajectory_id),
+        return TrajectoryAssignment(trajectory_id_for_client(secret, tenant, client_trajectory_id),
                                     client_trajectory_id, keys, False)
     known = index.lookup(keys.parent_key)
     if known is not None:

@@ -1,4 +1,4 @@
-"""Calls, trajectories and API keys.
+"""Calls, trajectories, API keys and instance secrets.
 
 Revision ID: 0001
 Revises:
@@ -84,11 +84,18 @@ def upgrade() -> None:
     op.create_index("ix_calls_trajectory", "calls", ["trajectory_id", "created_at"])
     op.create_index("ix_calls_policy_created", "calls", ["policy", "created_at"])
     op.create_index("ix_calls_continuation_key", "calls", ["continuation_key"])
+    op.create_table(
+        "instance_secrets",
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("value", sa.LargeBinary, nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    )
     op.create_index("ix_calls_parent_key_pending", "calls", ["parent_key"],
                     postgresql_where=sa.text("stitch_pending"))
 
 
 def downgrade() -> None:
+    op.drop_table("instance_secrets")
     op.drop_table("calls")
     op.drop_table("trajectories")
     op.drop_table("api_keys")

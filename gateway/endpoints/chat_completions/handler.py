@@ -115,7 +115,7 @@ class ChatCompletionsEndpoint:
             return
         except ConnectionResetError:
             return
-        assignment = assign_trajectory(self.state.stitch_index, tenant=key.tenant, model=request.model,
+        assignment = assign_trajectory(self.state.stitch_index, secret=self.state.instance_secret, tenant=key.tenant, model=request.model,
                                        messages=request.messages, client_trajectory_id=request.client_trajectory_id)
         call = CallContext(key, request, plan, assignment, started, created_at)
         status = 500

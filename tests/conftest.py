@@ -1,0 +1,151 @@
+"""Shared fixtures: a real PostgreSQL, the fake upstream, and gateway processes.
+
+PostgreSQL: $APPRENTICE_TEST_PG_URL, else the server on 127.0.0.1:5432 (user postgres),
+else an embedded one started with pgserver. Each test that needs a database gets a fresh one,
+cloned from a template migrated once per session by Alembic.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.support.processes import FakeUpstreamProcess, GatewayProcess
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _reachable(url: str) -> bool:
+    try:
+        with psycopg.connect(url, connect_timeout=3):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def _with_database(url: str, name: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = os.environ.get("APPRENTICE_TEST_PG_URL") or LOCAL_PG
+    if _reachable(url):
+        yield url
+        return
+    import pgserver
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="delete")
+    yield server.get_uri()
+    server.cleanup()
+
+
+def _admin(url: str) -> psycopg.Connection:
+    return psycopg.connect(url, autocommit=True)
+
+
+@pytest.fixture(scope="session")
+def template_database(pg_admin_url: str) -> Iterator[str]:
+    """A database migrated to head once; tests clone it."""
+    from gateway.store.schema import upgrade
+
+    name = f"apprentice_tmpl_{uuid.uuid4().hex[:10]}"
+    with _admin(pg_admin_url) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    upgrade(_with_database(pg_admin_url, name))
+    yield name
+    with _admin(pg_admin_url) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def database_url(pg_admin_url: str, template_database: str) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"apprentice_test_{uuid.uuid4().hex[:12]}"
+    with _admin(pg_admin_url) as connection:
+        connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    yield _with_database(pg_admin_url, name)
+    with _admin(pg_admin_url) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[psycopg.Connection]:
+    """A plain connection to the test's database, for assertions."""
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        yield connection
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05,
+             message: str = "condition") -> Any:
+    """Poll until predicate() is truthy; return its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message} (last value: {value!r})")
+        time.sleep(interval)
+
+
+def count_rows(connection: psycopg.Connection, query: str, *params: Any) -> int:
+    return connection.execute(query, params).fetchone()[0]
+
+
+@pytest.fixture(scope="session")
+def fake_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeUpstreamProcess]:
+    process = FakeUpstreamProcess(tmp_path_factory.mktemp("upstream"))
+    process.start()
+    yield process
+    process.stop()
+
+
+def gateway_config(database_url: str, data_dir: Path, api_base: str, **overrides: Any) -> dict[str, Any]:
+    """A config dict for a gateway in front of the fake upstream."""
+    config: dict[str, Any] = {
+        "database_url": database_url,
+        "data_dir": str(data_dir),
+        "auth": {"mode": "open"},
+        "journal": {"ship_interval_s": 0.05},
+        "model_list": [
+            {"model_name": "fake-model",
+             "litellm_params": {"model": "openai/fake-model", "api_base": api_base, "api_key": "sk-upstream-secret"}},
+        ],
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    return config
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path, database_url: str,
+                  fake_upstream: FakeUpstreamProcess) -> Iterator[Callable[..., GatewayProcess]]:
+    """start_gateway(workers=1, port=None, data_dir=None, **config_overrides) -> a running gateway."""
+    started: list[GatewayProcess] = []
+
+    def start(*, workers: int = 1, port: int | None = None, data_dir: Path | None = None,
+              env: dict[str, str] | None = None, **overrides: Any) -> GatewayProcess:
+        config = gateway_config(database_url, data_dir or tmp_path / "data", fake_upstream.api_base, **overrides)
+        process = GatewayProcess(tmp_path, config, workers=workers, port=port, env=env)
+        process.start()
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
