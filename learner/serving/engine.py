@@ -170,6 +170,12 @@ class GenerationEngine:
             self._cond.notify_all()
         self._thread.join(timeout=30)
 
+    @property
+    def num_running(self) -> int:
+        """Sequences in the running batch (0 when idle)."""
+        batch = self._batch
+        return len(batch.seqs) if batch is not None else 0
+
     # ------------------------------------------------------------ API for the event loop
 
     async def call(self, fn: Callable[[], Any]) -> Any:

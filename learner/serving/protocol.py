@@ -134,6 +134,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     include_stop_str_in_output: bool = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_ids: bool | None = None
 

@@ -84,6 +84,8 @@ class OpenAIServingChat:
         kwargs = dict(request.chat_template_kwargs or {})
         if request.tools:
             kwargs["tools"] = request.tools
+        if request.chat_template:
+            kwargs["chat_template"] = request.chat_template
         try:
             text = self.tokenizer.apply_chat_template(
                 _normalize_messages(request.messages), tokenize=False,
