@@ -112,10 +112,10 @@ def fake_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeUpst
     process.stop()
 
 
-def gateway_config(database_url: str, data_dir: Path, api_base: str, **overrides: Any) -> dict[str, Any]:
+def gateway_config(url: str, data_dir: Path, api_base: str, **overrides: Any) -> dict[str, Any]:
     """A config dict for a gateway in front of the fake upstream."""
     config: dict[str, Any] = {
-        "database_url": database_url,
+        "database_url": url,
         "data_dir": str(data_dir),
         "auth": {"mode": "open"},
         "journal": {"ship_interval_s": 0.05},
