@@ -38,5 +38,5 @@ def database_url(settings: Settings) -> str:
 def setup_logging(level: str = "info") -> None:
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("LiteLLM", "litellm", "httpx", "aiohttp.access"):
+    for noisy in ("LiteLLM", "litellm", "httpx", "aiohttp.access", "pgserver"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

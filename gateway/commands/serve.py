@@ -10,6 +10,7 @@ import sys
 import click
 
 from gateway.commands.common import config_option, database_url, load, setup_logging
+from gateway.config import Settings
 from gateway.store.schema import SchemaOutOfDate, check_schema
 
 GRACEFUL_SHUTDOWN_S = 30
@@ -33,10 +34,9 @@ def app_from_environment():  # noqa: ANN201 - uvicorn factory for worker process
     return create_app(settings, os.environ["APPRENTICE_DATABASE_URL"], check_schema_on_start=False)
 
 
-def run_gateway(config_path: str | None, host: str | None, port: int | None, workers: int | None,
-                allow_open_remote: bool = False) -> None:
-    settings = load(config_path)
-    setup_logging(settings.log_level)
+def serve(settings: Settings, *, host: str | None = None, port: int | None = None, workers: int | None = None,
+          allow_open_remote: bool = False) -> None:
+    """Check the set-up, then run uvicorn until SIGINT/SIGTERM (graceful: in-flight calls finish)."""
     host = host or settings.host
     port = port or settings.port
     workers = workers or settings.workers
@@ -61,6 +61,7 @@ def run_gateway(config_path: str | None, host: str | None, port: int | None, wor
                    lifespan="on", server_header=False, date_header=False)
     click.echo(f"Apprentice gateway on http://{host}:{port}/v1 ({workers} worker(s))", err=True)
     if workers > 1:
+        # Workers rebuild the settings from the config file and environment exported by load().
         metrics_dir = settings.data_dir / f"prometheus-{port}"
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
@@ -81,4 +82,6 @@ def run_gateway(config_path: str | None, host: str | None, port: int | None, wor
 def gateway_command(config_path: str | None, host: str | None, port: int | None, workers: int | None,
                     allow_open_remote: bool) -> None:
     """Run the OpenAI-compatible gateway."""
-    run_gateway(config_path, host, port, workers, allow_open_remote)
+    settings = load(config_path)
+    setup_logging(settings.log_level)
+    serve(settings, host=host, port=port, workers=workers, allow_open_remote=allow_open_remote)

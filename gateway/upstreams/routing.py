@@ -7,10 +7,13 @@ follow. A policy's calls go to its inference endpoints (vLLM or the local server
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.config import ModelEntry, PolicySettings, Settings, resolve_secret
+
+
+WILDCARD = "*"
 
 
 @dataclass(slots=True)
@@ -85,7 +88,7 @@ class Router:
 
     @property
     def model_names(self) -> list[str]:
-        return list(self._deployments)
+        return [name for name in self._deployments if name != WILDCARD]
 
     def _rotated(self, name: str) -> list[UpstreamTarget]:
         targets = self._deployments[name]
@@ -96,7 +99,13 @@ class Router:
 
     def plan(self, model: str) -> RoutePlan:
         if model not in self._deployments:
-            raise UnknownModel(model)
+            if WILDCARD not in self._deployments:
+                raise UnknownModel(model)
+            # LiteLLM's `model_name: "*"`: any other name goes to that provider as it is.
+            targets = [replace(target, upstream_model=model, name=model,
+                               litellm_model=(target.litellm_model or "").replace(WILDCARD, model))
+                       for target in self._rotated(WILDCARD)]
+            return RoutePlan(model=model, policy=None, targets=targets, primary_count=len(targets))
         targets = self._rotated(model)
         primary_count = len(targets)
         for fallback in self.settings.router_settings.fallbacks_for(model):

@@ -1,0 +1,29 @@
+# The two commands of the README:  `make up` runs Apprentice, `make test` runs the tests.
+# Both create .venv and install the project into it first (once; again when pyproject.toml changes).
+
+PYTHON ?= python3
+VENV ?= .venv
+# The learner needs torch. The pin takes the CPU build where one is on local disk; on a GPU
+# machine install the torch your vLLM wants first, e.g. `make up TORCH_SPEC="torch>=2.4"`.
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: up test install clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[learner,test]"
+	touch $@
+
+install: $(BIN)/.installed
+
+up: $(BIN)/.installed
+	$(BIN)/apprentice up
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .apprentice .pytest_cache

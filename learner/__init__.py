@@ -1,0 +1,1 @@
+"""The learner: GRPO on LoRA from rewarded trajectories, adapter promotion, local inference."""
