@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway import metrics
 from gateway.auth.keys import KeyCache, KeyInfo
 from gateway.config import Settings, resolve_secret
+from gateway.endpoints.rewards.linker import RewardLinker
 from gateway.http.asgi import Scope, header
 from gateway.http.errors import GatewayError
 from gateway.journal.shipper import JournalShipper
@@ -51,6 +52,7 @@ class GatewayState:
         self.instance_secret = b""
         self._stitch_wanted = asyncio.Event()
         self._stitch_task: asyncio.Task[None] | None = None
+        self.reward_linker = RewardLinker(self.engine, settings)
 
     async def start(self) -> None:
         self.instance_secret = await instance_secret(self.engine, TRAJECTORY_ID_SECRET)
@@ -59,11 +61,13 @@ class GatewayState:
         await self.keys.start()
         self.shipper.start()
         self._stitch_task = asyncio.create_task(self._stitch_loop(), name="trajectory-stitcher")
+        self.reward_linker.start()
 
     async def stop(self) -> None:
         """Graceful: in-flight calls are done (the server waited); ship what is left."""
         await self.keys.stop()
         await self.shipper.stop()
+        await self.reward_linker.stop()
         self.journal.close()
         if self._stitch_task:
             self._stitch_task.cancel()
@@ -85,6 +89,7 @@ class GatewayState:
             metrics.SHIP_FAILURES.inc()
             raise
         metrics.SHIPPED.inc(count)
+        self.reward_linker.wake()  # no query here: the linker probes for pending rewards itself
         metrics.JOURNAL_BACKLOG.set(self.shipper.stats.backlog_bytes)
         if any(PENDING_MARK in line for line in lines):
             self._stitch_wanted.set()

@@ -11,6 +11,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.store.rewards import MERGE_STATEMENTS as REWARD_MERGE_STATEMENTS
+
 STITCH_LOCK_ID = 0x4150_5354  # pg advisory lock held by the process running a stitch pass
 
 _CREATE_INCOMING = "CREATE TEMP TABLE IF NOT EXISTS incoming_calls (r jsonb NOT NULL) ON COMMIT DELETE ROWS"
@@ -151,7 +153,7 @@ async def stitch_pending(engine: AsyncEngine, open_window_s: float) -> int:
                     children = {child for child, _ in pairs}
                     pairs = [(child, parent) for child, parent in pairs if parent not in children] or pairs[:1]
                     await cursor.executemany("INSERT INTO merges VALUES (%s, %s)", pairs)
-                    for statement in _APPLY_MERGES:
+                    for statement in _APPLY_MERGES + REWARD_MERGE_STATEMENTS:
                         await cursor.execute(statement)
                     merged += len(pairs)
                 await cursor.execute(_SETTLE_PENDING, {"window_s": open_window_s})

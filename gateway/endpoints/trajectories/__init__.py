@@ -1,0 +1,1 @@
+"""GET /v1/trajectories/{id} and the admin listing: wire types (protocol) and routes."""

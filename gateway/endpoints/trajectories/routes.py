@@ -1,0 +1,76 @@
+"""GET /v1/trajectories/{id} (the key's own tenant; admin: any) and GET /v1/trajectories (admin)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+import orjson
+from fastapi import APIRouter, Query, Request, Response
+
+from gateway.endpoints.rewards.routes import client_trajectory_uuid
+from gateway.endpoints.trajectories.protocol import TrajectoryListOut, TrajectoryOut
+from gateway.http.errors import GatewayError
+from gateway.state import GatewayState
+from gateway.store.trajectories import get_trajectory, list_trajectories
+
+router = APIRouter(tags=["trajectories"])
+
+
+def _state(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+@router.get(
+    "/v1/trajectories/{trajectory_id}",
+    response_model=TrajectoryOut,
+    summary="One trajectory with its calls and rewards",
+    description=("Addressed by the gateway's trajectory id, an alias (a trajectory merged into another "
+                 "answers as the one it joined) or the client's own trajectory id. A client key sees its "
+                 "own tenant's trajectories only."),
+)
+async def get_one(request: Request, trajectory_id: str,
+                  history: bool = Query(False, description="Include superseded and rejected rewards.")) -> Response:
+    state = _state(request)
+    key = await state.authenticate(request.scope)
+    candidates: list[uuid.UUID] = []
+    try:
+        candidates.append(uuid.UUID(trajectory_id))
+    except ValueError:
+        pass
+    client_id = client_trajectory_uuid(state, key.tenant, trajectory_id)
+    if client_id not in candidates:
+        candidates.append(client_id)
+    tenant = None if key.is_admin else key.tenant
+    found = await get_trajectory(state.engine, candidates, tenant, history=history)
+    if found is None:
+        raise GatewayError(404, f"no trajectory {trajectory_id!r}", param="trajectory_id", code="not_found")
+    return Response(orjson.dumps(found), media_type="application/json")
+
+
+@router.get(
+    "/v1/trajectories",
+    response_model=TrajectoryListOut,
+    summary="List trajectories (admin)",
+    description="Newest first by last call; merged aliases are left out. Page with `starting_after`.",
+)
+async def list_all(
+    request: Request,
+    policy: str | None = Query(None),
+    model: str | None = Query(None),
+    tenant: str | None = Query(None),
+    since: datetime | None = Query(None, description="Last call at or after (RFC 3339 or unix seconds)."),
+    until: datetime | None = Query(None, description="Last call before (RFC 3339 or unix seconds)."),
+    rewarded: bool | None = Query(None, description="Only trajectories with (true) or without (false) a "
+                                                    "current reward named `reward_name`."),
+    reward_name: str = Query("reward"),
+    group_id: str | None = Query(None),
+    starting_after: uuid.UUID | None = Query(None, description="The last id of the previous page."),
+    limit: int = Query(100, ge=1, le=1000),
+) -> Response:
+    state = _state(request)
+    await state.authenticate(request.scope, admin=True)
+    result = await list_trajectories(state.engine, tenant=tenant, policy=policy, model=model, since=since,
+                                     until=until, rewarded=rewarded, reward_name=reward_name, group_id=group_id,
+                                     starting_after=starting_after, limit=limit)
+    return Response(orjson.dumps(result), media_type="application/json")
