@@ -1,0 +1,118 @@
+"""Tokens/s of the local inference server for 1 and for 8 concurrent requests.
+
+Starts `apprentice serve-model` (the real SmolLM2-135M-Instruct unless --model says otherwise)
+in its own process, sends chat completions with the official `openai` client, and writes the
+medians to docs/benchmarks.md. Every request generates exactly --max-tokens tokens
+(`ignore_eos`), so rounds are comparable.
+
+    python -m bench.inference_throughput [--model DIR] [--rounds 3] [--max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+from openai import AsyncOpenAI
+
+from bench.report import machine_line, markdown_table, write_section
+
+TITLE = "Local inference server throughput"
+PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(model: str, port: int) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve-model", "--model", model,
+                                "--served-model-name", "bench", "--port", str(port), "--log-level", "warning"],
+                               env=os.environ.copy())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None:
+            raise RuntimeError("the server exited")
+        time.sleep(0.3)
+    process.terminate()
+    raise RuntimeError("the server did not start")
+
+
+async def one_request(client: AsyncOpenAI, max_tokens: int, seed: int) -> tuple[int, float]:
+    started = time.perf_counter()
+    response = await client.chat.completions.create(model="bench", messages=PROMPT, max_tokens=max_tokens,
+                                                    temperature=1.0, seed=seed, extra_body={"ignore_eos": True})
+    return response.usage.completion_tokens, time.perf_counter() - started
+
+
+async def run_round(client: AsyncOpenAI, concurrency: int, max_tokens: int, seed: int) -> dict[str, float]:
+    started = time.perf_counter()
+    results = await asyncio.gather(*[one_request(client, max_tokens, seed + i) for i in range(concurrency)])
+    wall = time.perf_counter() - started
+    tokens = sum(t for t, _ in results)
+    return {"aggregate": tokens / wall, "per_request": statistics.median(t / s for t, s in results),
+            "latency": statistics.median(s for _, s in results)}
+
+
+async def measure(port: int, rounds: int, max_tokens: int) -> dict[int, dict[str, float]]:
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=600, max_retries=0)
+    await run_round(client, 1, 8, seed=0)  # warm-up
+    figures: dict[int, dict[str, float]] = {}
+    for concurrency in (1, 8):
+        samples = [await run_round(client, concurrency, max_tokens, seed=100 * r) for r in range(rounds)]
+        figures[concurrency] = {key: statistics.median(s[key] for s in samples) for key in samples[0]}
+        print(f"concurrency {concurrency}: " + ", ".join(f"{k} {v:.2f}" for k, v in figures[concurrency].items()))
+    await client.close()
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
+    args = parser.parse_args()
+
+    port = free_port()
+    server = start_server(args.model, port)
+    try:
+        figures = asyncio.run(measure(port, args.rounds, args.max_tokens))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    rows = [[c, f"{f['aggregate']:.1f}", f"{f['per_request']:.1f}", f"{f['latency']:.2f}"]
+            for c, f in figures.items()]
+    speedup = figures[8]["aggregate"] / figures[1]["aggregate"]
+    body = "\n\n".join([
+        f"`python -m bench.inference_throughput --rounds {args.rounds} --max-tokens {args.max_tokens}`: "
+        f"`apprentice serve-model --model {args.model}` (transformers + peft, fp32 on CPU), chat completions "
+        f"of exactly {args.max_tokens} tokens each (`ignore_eos`, temperature 1), through the official "
+        f"`openai` client; medians of {args.rounds} rounds after a warm-up.",
+        markdown_table(["concurrent requests", "tokens/s (all requests)", "tokens/s (one request)",
+                        "latency per request (s)"], rows),
+        f"8 concurrent requests are decoded as one batch: {speedup:.1f}x the throughput of one at a time.",
+        machine_line() + " The machine's cores are shared with other work, so figures vary by about 20%.",
+    ])
+    print(body)
+    if not args.no_write:
+        write_section(TITLE, body)
+
+
+if __name__ == "__main__":
+    main()
