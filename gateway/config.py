@@ -129,6 +129,9 @@ class PolicySettings(BaseModel):
     # When set, the gateway enforces this sampling temperature on the policy's calls:
     # GRPO needs variety within a group.
     temperature: float | None = None
+    # Ask the endpoints for sampled-token logprobs and exact token ids on every call (removed
+    # from answers whose client did not ask for them): the learner trains on them.
+    record_tokens: bool = True
     reward_range: tuple[float, float] | None = None
     metrics: list[str] | None = None
 

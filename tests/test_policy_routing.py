@@ -42,3 +42,30 @@ def test_policy_with_no_live_endpoint_fails_clearly(start_gateway, db):
     assert "no upstream answered" in failure.value.message and "offline-agent@http://127.0.0.1:9/v1" in failure.value.message
     row = wait_for(lambda: db.execute("SELECT status_code, error FROM calls").fetchone())
     assert row[0] == 502 and row[1]["error"]["code"] == "upstream_unavailable"
+
+
+def test_policy_calls_record_token_ids_and_logprobs_the_client_did_not_ask_for(start_gateway, fake_upstream, db):
+    policy = {"name": "learning-agent", "base_model": "fake-base", "endpoints": [fake_upstream.api_base]}
+    gateway = start_gateway(policies=[policy])
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
+    httpx.delete(f"http://127.0.0.1:{fake_upstream.port}/_requests")
+    plain = client.chat.completions.with_raw_response.create(
+        model="learning-agent", messages=[{"role": "user", "content": "plain"}])
+    answer = plain.http_response.json()
+    assert answer["choices"][0]["logprobs"] is None and "token_ids" not in answer["choices"][0]
+    assert "prompt_token_ids" not in answer
+    stream = client.chat.completions.with_raw_response.create(
+        model="learning-agent", messages=[{"role": "user", "content": "streamed"}], stream=True)
+    events = [line for line in stream.http_response.iter_lines() if line.startswith("data: {")]
+    assert events and all('"token_ids"' not in e and '"logprobs":{' not in e for e in events)
+    asked = client.chat.completions.create(model="learning-agent", messages=[{"role": "user", "content": "mine"}],
+                                           logprobs=True)
+    assert asked.choices[0].logprobs is not None and len(asked.choices[0].logprobs.content) == 20
+    forwarded = httpx.get(f"http://127.0.0.1:{fake_upstream.port}/_requests").json()["requests"]
+    assert all(b["logprobs"] is True and b["return_token_ids"] is True for b in forwarded)
+    rows = wait_for(lambda: (r := db.execute("SELECT response FROM calls ORDER BY created_at").fetchall())
+                    and len(r) == 3 and r)
+    for (response,) in rows:
+        choice = response["choices"][0]
+        assert len(choice["token_ids"]) == 20 and len(choice["logprobs"]["content"]) == 20
+    assert rows[0][0]["prompt_token_ids"] == list(range(1, 11))

@@ -18,6 +18,7 @@ import orjson
 from gateway import metrics
 from gateway.auth.keys import KeyInfo
 from gateway.endpoints.chat_completions.assembly import assemble_completion, parse_sse_events
+from gateway.endpoints.chat_completions.policy_tokens import StreamStripper, TokenCapture, capture_for, strip_answer
 from gateway.endpoints.chat_completions.request import ChatRequest, parse_chat_request
 from gateway.http.asgi import JSON_HEADERS, SSE_HEADERS, Receive, Scope, Send, header, read_body, send_error, send_response
 from gateway.http.errors import GatewayError, error_body
@@ -37,7 +38,7 @@ class CallContext:
     """What is known about one call while it runs; becomes the journal record at the end."""
 
     __slots__ = ("call_id", "created_at", "started", "key", "request", "plan", "assignment", "temperature",
-                 "ttft_ms", "target", "headers")
+                 "overrides", "capture", "ttft_ms", "target", "headers")
 
     def __init__(self, key: KeyInfo, request: ChatRequest, plan: RoutePlan, assignment: TrajectoryAssignment,
                  started: float, created_at: float) -> None:
@@ -49,6 +50,16 @@ class CallContext:
         self.plan = plan
         self.assignment = assignment
         self.temperature: float | None = plan.policy.temperature if plan.policy else None
+        # Fields the gateway sets on the forwarded body, and what it must strip from the answer.
+        self.overrides: dict[str, Any] = {}
+        self.capture: TokenCapture | None = None
+        if plan.policy is not None:
+            if self.temperature is not None:
+                self.overrides["temperature"] = self.temperature
+            if plan.policy.record_tokens:
+                added, capture = capture_for(request.body)
+                self.overrides.update(added)
+                self.capture = capture if capture.active else None
         self.ttft_ms: float | None = None
         self.target: UpstreamTarget | None = None
         self.headers = [(b"x-trajectory-id", str(assignment.trajectory_id).encode()),
@@ -140,7 +151,7 @@ class ChatCompletionsEndpoint:
         return attempt_order(call.plan.targets, call.plan.primary_count, self.router_settings.num_retries)
 
     def _bodies(self, call: CallContext, targets: list[UpstreamTarget]) -> dict[str, bytes]:
-        return {target.upstream_model: call.request.forward_bytes(target.upstream_model, call.temperature)
+        return {target.upstream_model: call.request.forward_bytes({**call.overrides, "model": target.upstream_model})
                 for target in targets}
 
     async def _open_direct(self, call: CallContext, targets: list[UpstreamTarget]) -> UpstreamAnswer:
@@ -184,6 +195,8 @@ class ChatCompletionsEndpoint:
             await send_error(send, error, call.headers)
             return 502
         self._finish(call, 200, response, None)
+        if call.capture is not None:
+            raw = orjson.dumps(strip_answer(response, call.capture))
         await send_response(send, 200, raw, [*JSON_HEADERS, *call.headers])
         return 200
 
@@ -211,12 +224,15 @@ class ChatCompletionsEndpoint:
         received: list[bytes] = []
         error: dict[str, Any] | None = None
         held = b""
+        stripper = StreamStripper(call.capture) if call.capture is not None else None
         try:
             async for chunk in chunks:
                 if call.ttft_ms is None:
                     call.ttft_ms = (time.perf_counter() - call.started) * 1000.0
                     metrics.TTFT.observe(call.ttft_ms / 1000.0)
                 received.append(chunk)
+                if stripper is not None:
+                    chunk = stripper.feed(chunk)
                 # Hold back the final `[DONE]` until the call is journaled (see module docstring).
                 done_at = chunk.rfind(DONE_EVENT)
                 if done_at >= 0:
@@ -231,5 +247,6 @@ class ChatCompletionsEndpoint:
                                           "stream_interrupted") + b"\n\n"
         response = assemble_completion(parse_sse_events(b"".join(received)))
         self._finish(call, 200, response, error)
-        await send({"type": "http.response.body", "body": held, "more_body": False})
+        rest = stripper.flush() if stripper is not None else b""
+        await send({"type": "http.response.body", "body": rest + held, "more_body": False})
         return 200

@@ -32,16 +32,15 @@ class ChatRequest:
     def messages(self) -> list[Any]:
         return self.body["messages"]
 
-    def forward_bytes(self, upstream_model: str, temperature: float | None = None) -> bytes:
+    def forward_bytes(self, overrides: dict[str, Any]) -> bytes:
         """The body for an upstream: the client's own bytes unless something must change."""
-        if not self.modified and upstream_model == self.model and temperature is None:
+        changed = {k: v for k, v in overrides.items() if self.body.get(k, _ABSENT) != v}
+        if not self.modified and not changed:
             return self.raw
-        body = self.body
-        if upstream_model != self.model or temperature is not None:
-            body = dict(body, model=upstream_model)
-            if temperature is not None:
-                body["temperature"] = temperature
-        return orjson.dumps(body)
+        return orjson.dumps({**self.body, **changed})
+
+
+_ABSENT = object()
 
 
 def _optional_name(value: Any, field: str) -> str | None:
