@@ -183,3 +183,81 @@ reward_signatures = Table(
     Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_reward_signatures_signed_at", "signed_at"),
 )
+
+
+training_runs = Table(
+    "training_runs",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("policy", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default="running"),  # running|succeeded|failed|aborted|skipped
+    Column("trigger", Text, nullable=False, server_default="manual"),
+    Column("host", Text),
+    Column("pid", Integer),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("from_version_id", UUID(as_uuid=True)),
+    Column("produced_version_id", UUID(as_uuid=True)),
+    Column("trajectories", Integer),
+    Column("groups", Integer),
+    Column("groups_equal_rewards", Integer),
+    Column("groups_greedy", Integer),
+    Column("samples", Integer),
+    Column("tokens", BigInteger),
+    Column("loss", Double),
+    Column("mean_reward", Double),
+    Column("mean_advantage", Double),
+    Column("kl", Double),
+    Column("clip_fraction", Double),
+    Column("duration_s", Double),
+    Column("code_version", Text),
+    Column("config", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("metrics", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("error", Text),
+)
+
+adapter_versions = Table(
+    "adapter_versions",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("policy", Text, nullable=False),
+    Column("version", Integer, nullable=False),
+    # The LoRA name inference endpoints know it by (vLLM's lora_name), e.g. "support-agent-v3".
+    Column("name", Text, nullable=False, unique=True),
+    Column("status", Text, nullable=False, server_default="candidate"),  # candidate|canary|promoted|retired|rejected
+    Column("base_model", Text, nullable=False),
+    Column("path", Text, nullable=False),
+    Column("parent_version_id", UUID(as_uuid=True), ForeignKey("adapter_versions.id")),
+    Column("training_run_id", UUID(as_uuid=True), ForeignKey("training_runs.id")),
+    Column("rank", Integer),
+    Column("alpha", Double),
+    Column("target_modules", JSONB),
+    Column("canary_share", Double),
+    Column("gates", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("evaluation", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("files_deleted_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+adapter_transitions = Table(
+    "adapter_transitions",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("adapter_version_id", UUID(as_uuid=True), ForeignKey("adapter_versions.id"), nullable=False),
+    Column("policy", Text, nullable=False),
+    Column("from_status", Text),
+    Column("to_status", Text, nullable=False),
+    Column("actor", Text, nullable=False),  # the admin key's name, or "auto"
+    Column("reason", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+policy_state = Table(
+    "policy_state",
+    metadata,
+    Column("policy", Text, primary_key=True),
+    Column("learning_paused", Boolean, nullable=False, server_default="false"),
+    Column("updated_by", Text),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
