@@ -219,6 +219,8 @@ class Settings(BaseSettings):
     model_list: list[ModelEntry] = Field(default_factory=list)
     router_settings: RouterSettings = Field(default_factory=RouterSettings)
     policies: list[PolicySettings] = Field(default_factory=list)
+    # How often each gateway process reads which adapter versions serve the policies.
+    adapter_poll_interval_s: float = 1.0
     # model_name of the deployment that receives endpoints other than chat completions
     # (embeddings, moderations, ...); defaults to the first entry of model_list.
     default_upstream: str | None = None

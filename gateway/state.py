@@ -17,6 +17,7 @@ from gateway.http.asgi import Scope, header
 from gateway.http.errors import GatewayError
 from gateway.journal.shipper import JournalShipper
 from gateway.journal.writer import JournalWriter
+from gateway.policies.versions import PolicyVersions
 from gateway.store.calls import insert_call_lines, stitch_pending
 from gateway.store.engine import make_async_engine
 from gateway.store.secrets import instance_secret
@@ -48,6 +49,7 @@ class GatewayState:
         self.stitch_index = StitchIndex(max_entries=settings.stitching.max_open_trajectories,
                                         ttl_s=settings.stitching.open_window_s)
         self.open_key = KeyInfo(id=None, name="open", tenant=settings.auth.open_tenant, role="admin")
+        self.versions = PolicyVersions(self.engine, poll_interval_s=settings.adapter_poll_interval_s)
         self.session: aiohttp.ClientSession | None = None
         self.instance_secret = b""
         self._stitch_wanted = asyncio.Event()
@@ -59,6 +61,7 @@ class GatewayState:
         self.journal.open()
         self.session = make_session()
         await self.keys.start()
+        await self.versions.start()
         self.shipper.start()
         self._stitch_task = asyncio.create_task(self._stitch_loop(), name="trajectory-stitcher")
         self.reward_linker.start()
@@ -66,6 +69,7 @@ class GatewayState:
     async def stop(self) -> None:
         """Graceful: in-flight calls are done (the server waited); ship what is left."""
         await self.keys.stop()
+        await self.versions.stop()
         await self.shipper.stop()
         await self.reward_linker.stop()
         self.journal.close()

@@ -97,44 +97,55 @@ def extend_key(key: bytes, message: Any) -> bytes:
 
 @dataclass(slots=True)
 class MessageKeys:
-    """Chained keys of a request's messages: `request_key` covers all of them."""
+    """Chained keys of a request's messages: `request_key` covers all of them, `root_key` the
+    ones before the first assistant turn (the same for every call of a run)."""
 
     request_key: bytes
     parent_key: bytes | None
+    root_key: bytes
 
 
 def request_keys(tenant: str, model: str, messages: list[Any]) -> MessageKeys:
     key = seed_key(tenant, model)
     parent: bytes | None = None
+    root: bytes | None = None
     for message in messages:
+        if root is None and isinstance(message, dict) and message.get("role") == "assistant":
+            root = key
         key = extend_key(key, message)
         if isinstance(message, dict) and message.get("role") == "assistant":
             parent = key
-    return MessageKeys(request_key=key, parent_key=parent)
+    return MessageKeys(request_key=key, parent_key=parent, root_key=root or key)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenTrajectory:
+    trajectory_id: uuid.UUID
+    adapter_version_id: uuid.UUID | None  # the version that served the run's first call
 
 
 class StitchIndex:
-    """This process's open trajectories: continuation key -> trajectory id, LRU with a TTL."""
+    """This process's open trajectories: continuation key -> trajectory, LRU with a TTL."""
 
     def __init__(self, *, max_entries: int, ttl_s: float) -> None:
         self.max_entries = max_entries
         self.ttl_s = ttl_s
-        self._entries: OrderedDict[bytes, tuple[uuid.UUID, float]] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[OpenTrajectory, float]] = OrderedDict()
 
-    def lookup(self, key: bytes | None) -> uuid.UUID | None:
+    def lookup(self, key: bytes | None) -> OpenTrajectory | None:
         if key is None:
             return None
         entry = self._entries.get(key)
         if entry is None:
             return None
-        trajectory_id, expires_at = entry
+        trajectory, expires_at = entry
         if expires_at < time.monotonic():
             del self._entries[key]
             return None
-        return trajectory_id
+        return trajectory
 
-    def register(self, key: bytes, trajectory_id: uuid.UUID) -> None:
-        self._entries[key] = (trajectory_id, time.monotonic() + self.ttl_s)
+    def register(self, key: bytes, trajectory: OpenTrajectory) -> None:
+        self._entries[key] = (trajectory, time.monotonic() + self.ttl_s)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
@@ -149,6 +160,13 @@ class TrajectoryAssignment:
     client_trajectory_id: str | None
     keys: MessageKeys
     stitch_pending: bool
+    # Set when this process served the run's previous call: the version to stay on.
+    continued: OpenTrajectory | None = None
+
+    @property
+    def split_key(self) -> bytes:
+        """What the canary split hashes: stable across a run's calls on any process."""
+        return self.trajectory_id.bytes if self.client_trajectory_id else self.keys.root_key
 
 
 def assign_trajectory(index: StitchIndex, *, secret: bytes, tenant: str, model: str, messages: list[Any],
@@ -159,7 +177,7 @@ def assign_trajectory(index: StitchIndex, *, secret: bytes, tenant: str, model: 
                                     client_trajectory_id, keys, False)
     known = index.lookup(keys.parent_key)
     if known is not None:
-        return TrajectoryAssignment(known, None, keys, False)
+        return TrajectoryAssignment(known.trajectory_id, None, keys, False, continued=known)
     return TrajectoryAssignment(uuid7(), None, keys, keys.parent_key is not None)
 
 

@@ -23,7 +23,14 @@ from gateway.endpoints.chat_completions.request import ChatRequest, parse_chat_r
 from gateway.http.asgi import JSON_HEADERS, SSE_HEADERS, Receive, Scope, Send, header, read_body, send_error, send_response
 from gateway.http.errors import GatewayError, error_body
 from gateway.state import GatewayState
-from gateway.trajectories.stitching import TrajectoryAssignment, assign_trajectory, continuation_keys, new_call_id
+from gateway.policies.versions import ServingVersion
+from gateway.trajectories.stitching import (
+    OpenTrajectory,
+    TrajectoryAssignment,
+    assign_trajectory,
+    continuation_keys,
+    new_call_id,
+)
 from gateway.upstreams import litellm_backend
 from gateway.upstreams.direct import UpstreamAnswer, attempt_order, error_from_answer, post_with_retries
 from gateway.upstreams.routing import RoutePlan, UnknownModel, UpstreamTarget
@@ -38,7 +45,7 @@ class CallContext:
     """What is known about one call while it runs; becomes the journal record at the end."""
 
     __slots__ = ("call_id", "created_at", "started", "key", "request", "plan", "assignment", "temperature",
-                 "overrides", "capture", "ttft_ms", "target", "headers")
+                 "overrides", "capture", "version", "ttft_ms", "target", "headers")
 
     def __init__(self, key: KeyInfo, request: ChatRequest, plan: RoutePlan, assignment: TrajectoryAssignment,
                  started: float, created_at: float) -> None:
@@ -53,6 +60,7 @@ class CallContext:
         # Fields the gateway sets on the forwarded body, and what it must strip from the answer.
         self.overrides: dict[str, Any] = {}
         self.capture: TokenCapture | None = None
+        self.version: ServingVersion | None = None  # the policy's adapter; None: the base model
         if plan.policy is not None:
             if self.temperature is not None:
                 self.overrides["temperature"] = self.temperature
@@ -64,6 +72,10 @@ class CallContext:
         self.target: UpstreamTarget | None = None
         self.headers = [(b"x-trajectory-id", str(assignment.trajectory_id).encode()),
                         (b"x-apprentice-call-id", str(self.call_id).encode())]
+
+    def served_model(self, target: UpstreamTarget) -> str:
+        """The model name the upstream is asked for: the adapter's LoRA name when one serves."""
+        return self.version.name if self.version is not None else target.upstream_model
 
     def record(self, status: int, response: dict[str, Any] | None, error: Any) -> tuple[dict[str, Any], list[bytes]]:
         """The journal record, and the continuation keys a next call of this run will carry."""
@@ -82,8 +94,8 @@ class CallContext:
             "model": self.request.model,
             "policy": self.plan.policy.name if self.plan.policy else None,
             "upstream": self.target.name if self.target else None,
-            "upstream_model": self.target.upstream_model if self.target else None,
-            "adapter_version_id": None,
+            "upstream_model": self.served_model(self.target) if self.target else None,
+            "adapter_version_id": str(self.version.id) if self.version else None,
             "created_at": self.created_at,
             "latency_ms": (time.perf_counter() - self.started) * 1000.0,
             "ttft_ms": self.ttft_ms,
@@ -129,6 +141,11 @@ class ChatCompletionsEndpoint:
         assignment = assign_trajectory(self.state.stitch_index, secret=self.state.instance_secret, tenant=key.tenant, model=request.model,
                                        messages=request.messages, client_trajectory_id=request.client_trajectory_id)
         call = CallContext(key, request, plan, assignment, started, created_at)
+        if plan.policy is not None:
+            continued = assignment.continued
+            call.version = self.state.versions.choose(
+                plan.policy.name, assignment.split_key, continued.adapter_version_id if continued else None,
+                sticky_known=continued is not None)
         status = 500
         try:
             if request.stream:
@@ -144,14 +161,15 @@ class ChatCompletionsEndpoint:
     def _finish(self, call: CallContext, status: int, response: dict[str, Any] | None, error: Any) -> None:
         record, keys = call.record(status, response, error)
         self.state.record(record)
+        trajectory = OpenTrajectory(call.assignment.trajectory_id, call.version.id if call.version else None)
         for key in keys:
-            self.state.stitch_index.register(key, call.assignment.trajectory_id)
+            self.state.stitch_index.register(key, trajectory)
 
     def _attempts(self, call: CallContext) -> list[UpstreamTarget]:
         return attempt_order(call.plan.targets, call.plan.primary_count, self.router_settings.num_retries)
 
     def _bodies(self, call: CallContext, targets: list[UpstreamTarget]) -> dict[str, bytes]:
-        return {target.upstream_model: call.request.forward_bytes({**call.overrides, "model": target.upstream_model})
+        return {target.upstream_model: call.request.forward_bytes({**call.overrides, "model": call.served_model(target)})
                 for target in targets}
 
     async def _open_direct(self, call: CallContext, targets: list[UpstreamTarget]) -> UpstreamAnswer:
