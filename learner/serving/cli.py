@@ -51,13 +51,15 @@ def _parse_lora_modules(values: tuple[str, ...]) -> list[tuple[str, str]]:
 @click.option("--max-model-len", default=None, type=int, help="Context length (default: the model's).")
 @click.option("--default-max-tokens", default=1024, show_default=True, type=int,
               help="max_tokens for requests that give none (vLLM: the rest of the context).")
+@click.option("--threads", default=None, type=int,
+              help="torch threads on CPU (default: half the cores, leaving room for the gateway and learner).")
 @click.option("--lora-modules", multiple=True, metavar="NAME=PATH", help="Adapters to load at start (repeatable).")
 @click.option("--api-key", envvar="VLLM_API_KEY", default=None, help="Require 'Authorization: Bearer KEY' on /v1.")
 @click.option("--log-level", default="info", show_default=True)
 def serve_model_command(model: str, served_model_name: str | None, host: str, port: int, device: str | None,
                         dtype: str, max_batch_size: int, max_lora_rank: int, max_model_len: int | None,
-                        default_max_tokens: int, lora_modules: tuple[str, ...], api_key: str | None,
-                        log_level: str) -> None:
+                        default_max_tokens: int, threads: int | None, lora_modules: tuple[str, ...],
+                        api_key: str | None, log_level: str) -> None:
     """Serve a model with vLLM's OpenAI-compatible API (transformers + peft, CUDA or CPU)."""
     import uvicorn
 
@@ -67,7 +69,8 @@ def serve_model_command(model: str, served_model_name: str | None, host: str, po
     pairs = _parse_lora_modules(lora_modules)
     state = create_server_state(model, served_model_name=served_model_name, device=device, dtype=dtype,
                                 max_batch_size=max_batch_size, max_lora_rank=max_lora_rank,
-                                max_model_len=max_model_len, default_max_tokens=default_max_tokens)
+                                max_model_len=max_model_len, default_max_tokens=default_max_tokens,
+                                threads=threads)
     for name, path in pairs:
         state.models.lora.load(name, path)  # the engine thread has not started: safe to call directly
     click.echo(f"serving {state.models.base_name} on http://{host}:{port}/v1 "

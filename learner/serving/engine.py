@@ -290,6 +290,18 @@ class GenerationEngine:
             for request in requests:
                 request.sink(KeyError(adapter))
             return
+        try:
+            new = self._prefill(adapter, requests)
+        except Exception as exc:  # fail the newcomers only; the running batch goes on
+            log.exception("prefill failed")
+            for request in requests:
+                request.sink(exc)
+            return
+        self._batch = new if self._batch is None else self._merge(self._batch, new)
+        self._prune()
+
+    def _prefill(self, adapter: str | None, requests: list[_Request]) -> _Batch:
+        """Run the prompts of newly admitted requests (n rows each) and sample their first tokens."""
         seqs = [_Sequence(r, i, self.device) for r in requests for i in range(r.params.n)]
         prompts = [s.request.prompt_ids for s in seqs]
         length = max(len(p) for p in prompts)
@@ -305,11 +317,7 @@ class GenerationEngine:
         self.stats.prefills += 1
         new = _Batch(adapter, seqs, cache, mask, mask.sum(-1))
         self._sample_and_emit(new, logits)
-        if self._batch is None:
-            self._batch = new
-        else:
-            self._batch = self._merge(self._batch, new)
-        self._prune()
+        return new
 
     def _merge(self, old: _Batch, new: _Batch) -> _Batch:
         length = max(old.mask.shape[1], new.mask.shape[1])

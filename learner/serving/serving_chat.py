@@ -166,8 +166,8 @@ class OpenAIServingChat:
         completion = 0
         try:
             for index in range(params.n):
-                first = ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""),
-                                                           logprobs=None, finish_reason=None)
+                first = ChatCompletionResponseStreamChoice(
+                    index=index, delta=DeltaMessage(role="assistant", content=""), logprobs=None, finish_reason=None)
                 extra = {"prompt_token_ids": prompt_ids} if return_ids and index == 0 else {}
                 yield chunk([first], **extra)
             async for step in updates:
