@@ -96,6 +96,37 @@ class ModelEntry(BaseModel):
         return base.rstrip("/")
 
 
+class PromotionSettings(BaseModel):
+    """How a policy's new adapters reach traffic: gates, canary, evaluation, retention.
+
+    See docs/operations-promotion.md. `automatic`: the canary is promoted when its rewards are
+    significantly better than the promoted version's over the same period, rejected when
+    significantly worse, and rejected when `timeout_s` passes with no verdict. `reviewed`: the
+    comparison is computed and shown, an admin approves or rejects.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["automatic", "reviewed"] = "automatic"
+    # Candidates that pass the gates become canaries without an admin (in both modes).
+    auto_canary: bool = True
+    # Share of new trajectories the canary serves.
+    canary_share: float = Field(default=0.2, gt=0, le=1)
+    # Rewarded trajectories needed in each arm before a verdict.
+    min_samples: int = Field(default=30, ge=2)
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    # Interval on mean(canary) - mean(promoted): Welch's t, or a percentile bootstrap.
+    method: Literal["welch", "bootstrap"] = "welch"
+    timeout_s: float = Field(default=24 * 3600.0, gt=0)
+    # Gate: the training run's KL to the incumbent (per token) must be at most this; None: no bound.
+    kl_bound: float | None = Field(default=1.0, ge=0)
+    # Retention: files of versions beyond the newest keep_last are deleted, except versions
+    # that were ever promoted and those still candidate or canary.
+    keep_last: int = Field(default=5, ge=1)
+    # Retired and rejected adapters stay loaded at the endpoints this long (calls in flight).
+    unload_grace_s: float = Field(default=300.0, ge=0)
+
+
 class RouterSettings(BaseModel):
     """LiteLLM's `router_settings`: retries and fallbacks apply before the first byte is sent."""
 
@@ -134,6 +165,8 @@ class PolicySettings(BaseModel):
     record_tokens: bool = True
     reward_range: tuple[float, float] | None = None
     metrics: list[str] | None = None
+    # Promotion of its adapters: gates, canary, evaluation, retention (learner/promotion).
+    promotion: PromotionSettings = Field(default_factory=PromotionSettings)
 
     @field_validator("endpoints")
     @classmethod
