@@ -35,6 +35,14 @@ from learner.serving.sampling import (SamplingParams, make_generator, processed_
 log = logging.getLogger(__name__)
 
 
+class UnknownAdapterError(Exception):
+    """The adapter a waiting request named was unloaded before its turn came."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
 @dataclass
 class TokenLogprob:
     token_id: int
@@ -239,7 +247,13 @@ class GenerationEngine:
             except Exception as exc:  # never let one bad batch kill the server
                 log.exception("generation failed")
                 self._fail_batch(exc)
-        self._fail_batch(RuntimeError("the engine stopped"))
+        stopped = RuntimeError("the engine stopped")
+        self._fail_batch(stopped)
+        with self._cond:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        for request in waiting:
+            request.sink(stopped)
 
     @staticmethod
     def _run_command(fn: Callable[[], Any], future: concurrent.futures.Future) -> None:
@@ -288,7 +302,7 @@ class GenerationEngine:
         if adapter is not None and adapter not in self.lora.adapters:
             # unloaded while it waited
             for request in requests:
-                request.sink(KeyError(adapter))
+                request.sink(UnknownAdapterError(adapter))
             return
         try:
             new = self._prefill(adapter, requests)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, AsyncIterator
 
-from learner.serving.engine import GenerationEngine, SequenceUpdate, TokenLogprob
+from learner.serving.engine import GenerationEngine, SequenceUpdate, TokenLogprob, UnknownAdapterError
 from learner.serving.protocol import (APIError, ChatCompletionLogProb, ChatCompletionLogProbs,
                                       ChatCompletionLogProbsContent, ChatCompletionRequest, ChatCompletionResponse,
                                       ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
@@ -136,8 +136,8 @@ class OpenAIServingChat:
             async for step in updates:
                 for update in step:
                     _apply(choices[update.index], update)
-        except KeyError as exc:  # the adapter was unloaded while the request waited
-            raise APIError(f"The model `{exc.args[0]}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND,
+        except UnknownAdapterError as exc:  # the adapter was unloaded while the request waited
+            raise APIError(f"The model `{exc.name}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND,
                            param="model") from exc
         return_ids = bool(request.return_token_ids)
         out = [ChatCompletionResponseChoice(
@@ -183,8 +183,8 @@ class OpenAIServingChat:
             if include_usage:
                 yield chunk([], usage=UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=completion,
                                                 total_tokens=len(prompt_ids) + completion))
-        except KeyError as exc:
-            error = APIError(f"The model `{exc.args[0]}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND)
+        except UnknownAdapterError as exc:
+            error = APIError(f"The model `{exc.name}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND)
             yield f"data: {error.response().model_dump_json()}\n\n"
         except Exception as exc:  # the stream has started: report in-band, as vLLM does
             log.exception("stream failed")
