@@ -90,7 +90,7 @@ class Sizes:
         sizes = (cls(rounds=2, c1_requests=60, c1_stream_requests=30, c32_seconds=0.7, c32_max_requests=5000,
                      c32_min_requests=96, pg_calls=2000) if args.quick else
                  cls(rounds=7, c1_requests=200, c1_stream_requests=100, c32_seconds=1.5, c32_max_requests=30000,
-                     c32_min_requests=256, pg_calls=10000))
+                     c32_min_requests=128, pg_calls=10000))
         if args.rounds:
             sizes.rounds = args.rounds
         if args.pg_calls:
@@ -970,9 +970,15 @@ async def run(args: argparse.Namespace) -> int:
                     targets.append(target)
                     log(f"  {target.name} ready in {target.startup_s:.1f} s at {target.base_url}")
 
-        if "litellm" in wanted:
-            binary, litellm_version = ensure_litellm_venv(args.litellm_venv, args.litellm_spec)
-            for workers in [int(w) for w in args.litellm_workers.split(",") if w.strip()]:
+        litellm_workers = [int(w) for w in args.litellm_workers.split(",") if w.strip()] if "litellm" in wanted else []
+        if litellm_workers:
+            try:
+                binary, litellm_version = ensure_litellm_venv(args.litellm_venv, args.litellm_spec)
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                skipped.append(f"litellm: no proxy to run: {exc}")
+                log(f"LITELLM NOT AVAILABLE: {exc}")
+                litellm_workers = []
+            for workers in litellm_workers:
                 log(f"starting LiteLLM proxy {litellm_version} with {workers} worker(s)")
                 try:
                     target = await start_litellm(binary, upstream_url, workers, workdir, args.start_timeout)
