@@ -76,27 +76,40 @@ ON CONFLICT (tenant, idempotency_key, content_hash) WHERE idempotency_key IS NOT
 # Re-derive superseded_at for the rewards of some trajectories ({trajectories}: a query of
 # uuids) and of some idempotency keys ({keys}: a query of (tenant, k)), including every
 # trajectory that a row of those keys is linked to.
+_K_LATEST = """({r}.idempotency_key IS NULL OR NOT EXISTS (
+    SELECT 1 FROM rewards o WHERE o.tenant = {r}.tenant AND o.idempotency_key = {r}.idempotency_key
+    AND (o.observed_at, o.seq) > ({r}.observed_at, {r}.seq)))"""
+
+# The slots (trajectory, name) that may change are those holding a current row, plus those of
+# the keys' rows; each slot's winner is found by walking ix_rewards_slot from the newest row
+# (history never has to be scanned), and only current rows, winners and the keys' rows are
+# candidates for a change.
 _RECOMPUTE = """
 WITH kg AS (
-    SELECT r.id, r.trajectory_id FROM rewards r JOIN ({keys}) AS q(tenant, k)
+    SELECT r.id, r.trajectory_id, r.name FROM rewards r JOIN ({keys}) AS q(tenant, k)
     ON r.tenant = q.tenant AND r.idempotency_key = q.k
 ), trajs AS (
     {trajectories} UNION SELECT trajectory_id FROM kg WHERE trajectory_id IS NOT NULL
-), cand AS (
-    SELECT r.id FROM rewards r WHERE r.trajectory_id IN (SELECT * FROM trajs)
-    UNION SELECT id FROM kg
-), ranked AS (
-    SELECT c.id, c.trajectory_id, c.name, c.status, c.observed_at, c.seq, c.superseded_at,
-           (c.idempotency_key IS NULL OR NOT EXISTS (
-               SELECT 1 FROM rewards o WHERE o.tenant = c.tenant AND o.idempotency_key = c.idempotency_key
-               AND (o.observed_at, o.seq) > (c.observed_at, c.seq))) AS k_latest
-    FROM rewards c JOIN cand USING (id)
+), slots AS (
+    SELECT r.trajectory_id, r.name FROM rewards r
+    WHERE r.trajectory_id IN (SELECT * FROM trajs) AND r.status = 'linked' AND r.superseded_at IS NULL
+    UNION SELECT trajectory_id, name FROM kg WHERE trajectory_id IS NOT NULL
 ), win AS (
-    SELECT DISTINCT ON (trajectory_id, name) id FROM ranked WHERE status = 'linked' AND k_latest
-    ORDER BY trajectory_id, name, observed_at DESC, seq DESC
+    SELECT w.id FROM slots s
+    CROSS JOIN LATERAL (
+        SELECT r.id FROM rewards r
+        WHERE r.trajectory_id = s.trajectory_id AND r.name = s.name AND r.status = 'linked'
+          AND """ + _K_LATEST.format(r="r") + """
+        ORDER BY r.observed_at DESC, r.seq DESC LIMIT 1) w
+), cand AS (
+    SELECT r.id FROM rewards r JOIN slots s ON r.trajectory_id = s.trajectory_id AND r.name = s.name
+    WHERE r.status = 'linked' AND r.superseded_at IS NULL
+    UNION SELECT id FROM win
+    UNION SELECT id FROM kg
 ), decided AS (
-    SELECT r.id, (r.id IN (SELECT id FROM win) OR (r.status = 'pending' AND r.k_latest)) AS keep, r.superseded_at
-    FROM ranked r
+    SELECT c.id, c.superseded_at,
+           (c.id IN (SELECT id FROM win) OR (c.status = 'pending' AND """ + _K_LATEST.format(r="c") + """)) AS keep
+    FROM rewards c JOIN cand USING (id)
 )
 UPDATE rewards u SET superseded_at = CASE WHEN d.keep THEN NULL ELSE now() END
 FROM decided d WHERE u.id = d.id AND d.keep = (d.superseded_at IS NOT NULL)

@@ -49,7 +49,9 @@ def upgrade() -> None:
     # The learner's query: current rewards of a trajectory.
     op.create_index("ix_rewards_current", "rewards", ["trajectory_id", "name"],
                     postgresql_where=sa.text("status = 'linked' AND superseded_at IS NULL"))
-    op.create_index("ix_rewards_trajectory", "rewards", ["trajectory_id"],
+    # A trajectory's rewards, newest first per name: finds the current one without reading history.
+    op.create_index("ix_rewards_slot", "rewards",
+                    ["trajectory_id", "name", sa.text("observed_at DESC"), sa.text("seq DESC")],
                     postgresql_where=sa.text("trajectory_id IS NOT NULL"))
     op.create_index("ix_rewards_pending", "rewards", ["received_at"],
                     postgresql_where=sa.text("status = 'pending'"))
