@@ -88,6 +88,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     port = free_port()
     server = start_server(args.model, port)
     try:
@@ -107,7 +108,9 @@ def main() -> None:
         markdown_table(["concurrent requests", "tokens/s (all requests)", "tokens/s (one request)",
                         "latency per request (s)"], rows),
         f"8 concurrent requests are decoded as one batch: {speedup:.1f}x the throughput of one at a time.",
-        machine_line() + " The machine's cores are shared with other work, so figures vary by about 20%.",
+        machine_line() + f" Load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after the run: "
+        "the cores were shared with other work, and on this machine figures have varied up to 3x between "
+        "runs (torch's threads stall when the cores are busy); compare the rows of one run, not runs.",
     ])
     print(body)
     if not args.no_write:
