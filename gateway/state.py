@@ -68,15 +68,15 @@ class GatewayState:
 
     async def stop(self) -> None:
         """Graceful: in-flight calls are done (the server waited); ship what is left."""
-        await self.keys.stop()
-        await self.versions.stop()
-        await self.shipper.stop()
-        await self.reward_linker.stop()
+        for step in (self.keys.stop, self.versions.stop, self.shipper.stop, self.reward_linker.stop):
+            log.info("shutdown: %s", step.__qualname__)
+            await step()
         self.journal.close()
         if self._stitch_task:
             self._stitch_task.cancel()
         if self.session:
             await self.session.close()
+        log.info("shutdown: closing the store's connections")
         await self.engine.dispose()
 
     # ---- recording ---------------------------------------------------------------------
@@ -84,7 +84,7 @@ class GatewayState:
         """Journal a completed call (synchronous: done before the call's last byte is sent)."""
         self.journal.append(record)
         metrics.JOURNALED.inc()
-        self.shipper.wake()
+        self.shipper.note_record()
 
     async def _ship(self, lines: list[bytes]) -> int:
         try:

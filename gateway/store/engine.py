@@ -66,7 +66,9 @@ def ensure_database_url(database_url: str | None, data_dir: Path) -> str:
 
 
 def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    options: dict[str, Any] = {"pool_size": 5, "max_overflow": 5, "pool_pre_ping": True}
+    # No pre-ping: it costs a round trip per checkout, and every user of the pool (shipper,
+    # key refresh, readiness) already retries when a connection turns out to be dead.
+    options: dict[str, Any] = {"pool_size": 5, "max_overflow": 5, "pool_pre_ping": False}
     options.update(kwargs)
     return create_async_engine(sqlalchemy_url(url), **options)
 

@@ -25,6 +25,7 @@ GATHER_S = 0.1
 PERIOD_S = 2.0
 OVERDUE_PERIOD_S = 60.0
 LINK_PAGE = 5000
+STOP_TIMEOUT_S = 10.0
 
 
 class RewardLinker:
@@ -33,6 +34,7 @@ class RewardLinker:
         self.settings = settings.rewards
         self.rules = RewardRules(settings)
         self._wanted = asyncio.Event()
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._last_overdue = 0.0
         self.linked = 0
@@ -44,11 +46,14 @@ class RewardLinker:
         self._task = asyncio.create_task(self._loop(), name="reward-linker")
 
     async def stop(self) -> None:
+        # A flag, not cancel(): Python 3.11's wait_for can swallow a cancellation that lands as
+        # the event fires (gh-86296), which left shutdown waiting on this task forever.
+        self._stopping = True
+        self._wanted.set()
         if self._task:
-            self._task.cancel()
             try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._task, timeout=STOP_TIMEOUT_S)
+            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):
                 pass
 
     def _check(self, policy: str | None, name: str, value: float, metrics: dict[str, float]) -> str | None:
@@ -67,9 +72,11 @@ class RewardLinker:
         return linked
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await asyncio.wait_for(self._wanted.wait(), timeout=PERIOD_S)
+                if self._stopping:
+                    return
                 await asyncio.sleep(GATHER_S)
             except asyncio.TimeoutError:
                 pass
