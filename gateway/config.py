@@ -145,6 +145,95 @@ class RouterSettings(BaseModel):
         return chain
 
 
+# vLLM accepts only these LoRA ranks (`--max-lora-rank`); a learner must produce one of them.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+ALL_LINEAR_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LearningSettings(BaseModel):
+    """How the learner turns a policy's rewarded trajectories into a new LoRA adapter (GRPO).
+
+    Defaults follow the reference implementations (TRL, ART, DAPO): LoRA r=8 on all seven
+    projections, eps 0.2/0.28, no KL, token-level loss. The learning rate is conservative for
+    production; a small model on a toy task learns at 1e-4.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    # When the scheduled learner runs: seconds between runs (a number) or a cron string
+    # ("0 */6 * * *"). None: only the trigger below (or `apprentice learn --once`) runs it.
+    schedule: float | str | None = None
+    # Also run as soon as at least this many new rewarded groups are waiting (checked every
+    # trigger_poll_s). None: no such trigger.
+    min_new_groups: int | None = Field(default=None, ge=1)
+    trigger_poll_s: float = Field(default=60.0, gt=0)
+    # The reward name trained on (rewards API `name`).
+    reward_name: str = "reward"
+    # Selection: rewarded, untrained trajectories whose last call is at most this old.
+    max_age_s: float = Field(default=7 * 86400.0, gt=0)
+    # A group with members still waiting for their reward is held back this long after its
+    # last call, so that late rewards join their group instead of making it too small.
+    reward_wait_s: float = Field(default=300.0, ge=0)
+    max_trajectories: int = Field(default=4096, ge=1)
+    min_group_size: int = Field(default=2, ge=2)
+    # "grpo": (r - mean) / std within the group; "dr_grpo": r - mean (no std scaling).
+    advantage: Literal["grpo", "dr_grpo"] = "grpo"
+    # Loss aggregation: "token" (all loss tokens of a step weigh the same, DAPO), "sequence"
+    # (mean of each trajectory's token mean, original GRPO), "dr_grpo" (sum over tokens divided
+    # by trajectories x the longest trajectory's token count: no length normalisation).
+    aggregation: Literal["token", "sequence", "dr_grpo"] = "token"
+    lr: float = Field(default=2e-5, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    epochs: int = Field(default=1, ge=1)
+    # Stop after this many optimizer steps in a run, whatever `epochs` says.
+    max_steps: int | None = Field(default=None, ge=1)
+    # Sequences per forward/backward pass, and passes per optimizer step: memory is bounded by
+    # micro_batch_size x max_seq_len, the step covers micro_batch_size x grad_accumulation.
+    micro_batch_size: int = Field(default=4, ge=1)
+    grad_accumulation: int = Field(default=8, ge=1)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    eps_low: float = Field(default=0.2, ge=0)
+    eps_high: float = Field(default=0.28, ge=0)
+    # Truncated importance weight cap for stale data: min(pi_old / pi_behaviour, tis_cap).
+    tis_cap: float = Field(default=2.0, gt=0)
+    # Weight of the k3 KL estimate to the base model (adapter disabled); 0 skips that pass.
+    kl_beta: float = Field(default=0.0, ge=0)
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
+    lora_target_modules: list[str] = Field(default_factory=lambda: list(ALL_LINEAR_PROJECTIONS))
+    # Defaults to <data_dir>/adapters/<policy>.
+    adapters_dir: Path | None = None
+    # Longer sequences are left out of training (and counted).
+    max_seq_len: int = Field(default=4096, ge=16)
+    # "auto": CUDA with bf16 when present, else CPU with fp32.
+    device: str = "auto"
+    dtype: str = "auto"
+    seed: int = 0
+
+    @field_validator("lora_rank")
+    @classmethod
+    def _vllm_rank(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError(f"lora_rank must be one that vLLM accepts: {list(VLLM_LORA_RANKS)}")
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: float | str | None) -> float | str | None:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+            if len(value.split()) != 5:
+                raise ValueError("schedule must be seconds between runs or a 5-field cron string")
+        elif value is not None and value <= 0:
+            raise ValueError("schedule (seconds between runs) must be positive")
+        return value
+
+
 class PolicySettings(BaseModel):
     """A model name that clients call and Apprentice trains: a base model and its endpoints."""
 
@@ -165,6 +254,8 @@ class PolicySettings(BaseModel):
     record_tokens: bool = True
     reward_range: tuple[float, float] | None = None
     metrics: list[str] | None = None
+    # The learner: GRPO on LoRA from this policy's rewarded trajectories.
+    learning: LearningSettings = Field(default_factory=LearningSettings)
     # Promotion of its adapters: gates, canary, evaluation, retention (learner/promotion).
     promotion: PromotionSettings = Field(default_factory=PromotionSettings)
 
