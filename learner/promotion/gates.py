@@ -1,0 +1,123 @@
+"""Gates a candidate must pass before it serves any traffic (pure functions).
+
+1. `run_finished`: the training run that produced it ended with status `succeeded`. A run
+   still `running` means "not yet" (the candidate waits); failed, aborted or skipped runs,
+   or no run at all, fail the gate.
+2. `loss_finite`: the run's final loss is a finite number (a NaN or infinite loss means the
+   weights are garbage even if the run "succeeded").
+3. `kl_bound`: the KL of the new adapter to the incumbent, per token, is at most the
+   policy's `promotion.kl_bound`. Read from `training_runs.metrics["kl_to_incumbent"]` when
+   the learner records it there, else from `training_runs.kl` (the learner's KL estimate).
+   A run that measured no KL passes this gate with the note "not measured"; a NaN KL fails.
+
+Any metric that is not finite inside `training_runs.metrics` (e.g. `grad_norm`) also fails
+`loss_finite`: it is the same failure (diverged training) reported under another name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+KL_METRIC_KEYS = ("kl_to_incumbent", "kl_incumbent", "kl")
+
+PASS, FAIL, WAIT = "pass", "fail", "wait"
+
+
+def json_number(value: Any) -> Any:
+    """A float that JSON (and PostgreSQL's jsonb) can hold: NaN and infinities become strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    return value
+
+
+def _number(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)  # "NaN" / "inf" as stored by JSON writers
+        except ValueError:
+            return None
+    return None
+
+
+def _not_finite(value: Any) -> bool:
+    number = _number(value)
+    return number is not None and not math.isfinite(number)
+
+
+@dataclass
+class GateReport:
+    outcome: str  # pass | fail | wait
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == PASS
+
+    def failures(self) -> list[str]:
+        return [f"{c['name']}: {c['detail']}" for c in self.checks if c["outcome"] == FAIL]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "checks": self.checks}
+
+
+def _check(name: str, outcome: str, detail: str, value: Any = None) -> dict[str, Any]:
+    return {"name": name, "outcome": outcome, "detail": detail, "value": json_number(value)}
+
+
+def kl_of(run: Mapping[str, Any]) -> tuple[float | None, str]:
+    """The run's KL to the incumbent and where it was read from."""
+    metrics = run.get("metrics") or {}
+    for key in KL_METRIC_KEYS:
+        if key in metrics and metrics[key] is not None:
+            return _number(metrics[key]), f"training_runs.metrics.{key}"
+    if run.get("kl") is not None:
+        return _number(run["kl"]), "training_runs.kl"
+    return None, "not measured"
+
+
+def evaluate_gates(run: Mapping[str, Any] | None, kl_bound: float | None) -> GateReport:
+    """Check a training run (a `training_runs` row as a mapping; None when it is unknown)."""
+    if run is None:
+        return GateReport(FAIL, [_check("run_finished", FAIL, "no training run is recorded for this version")])
+    checks: list[dict[str, Any]] = []
+    status = run.get("status")
+    if status == "running":
+        checks.append(_check("run_finished", WAIT, "the training run is still running", status))
+        return GateReport(WAIT, checks)
+    if status != "succeeded":
+        error = f" ({run.get('error')})" if run.get("error") else ""
+        checks.append(_check("run_finished", FAIL, f"the training run ended {status}{error}", status))
+    else:
+        checks.append(_check("run_finished", PASS, "the training run succeeded", status))
+
+    loss = _number(run.get("loss"))
+    bad_metrics = sorted(key for key, value in (run.get("metrics") or {}).items()
+                         if key not in KL_METRIC_KEYS and _not_finite(value))
+    if loss is None:
+        checks.append(_check("loss_finite", FAIL, "the training run recorded no loss", None))
+    elif not math.isfinite(loss):
+        checks.append(_check("loss_finite", FAIL, f"the loss is {loss}", loss))
+    elif bad_metrics:
+        checks.append(_check("loss_finite", FAIL, f"metrics not finite: {', '.join(bad_metrics)}", loss))
+    else:
+        checks.append(_check("loss_finite", PASS, f"loss {loss:.6g}", loss))
+
+    kl, source = kl_of(run)
+    if kl is None:
+        checks.append(_check("kl_bound", PASS, "KL to the incumbent not measured by the run", None))
+    elif not math.isfinite(kl):
+        checks.append(_check("kl_bound", FAIL, f"KL is {kl} ({source})", kl))
+    elif kl_bound is not None and kl > kl_bound:
+        checks.append(_check("kl_bound", FAIL, f"KL {kl:.6g} > bound {kl_bound:g} ({source})", kl))
+    else:
+        bound = f"<= {kl_bound:g}" if kl_bound is not None else "(no bound)"
+        checks.append(_check("kl_bound", PASS, f"KL {kl:.6g} {bound} ({source})", kl))
+
+    outcome = FAIL if any(c["outcome"] == FAIL for c in checks) else PASS
+    return GateReport(outcome, checks)

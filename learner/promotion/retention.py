@@ -1,0 +1,84 @@
+"""Retention of adapter files: keep the newest K versions and every version ever promoted.
+
+A version's files are deleted when all of these hold:
+- it is not among the policy's newest `keep_last` versions (by version number);
+- it was never promoted (no `adapter_transitions` row to 'promoted', and it is not promoted
+  or retired now): a rollback can always go back to any version that once served;
+- it is in a final status (`rejected`), so candidates and canaries are never touched;
+- its last transition is older than `unload_grace_s` (it was unloaded from the endpoints).
+
+The row stays (history, evaluation, transitions); `files_deleted_at` records the deletion
+and the lifecycle refuses to serve such a version. Only a directory that holds a PEFT
+adapter (`adapter_config.json`) is deleted, never an arbitrary path.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.store.tables import adapter_transitions, adapter_versions
+
+log = logging.getLogger(__name__)
+
+DELETABLE_STATUSES = frozenset({"rejected", "retired"})
+
+
+def plan_retention(versions: Iterable[dict[str, Any]], keep_last: int,
+                   ever_promoted: set[uuid.UUID]) -> list[dict[str, Any]]:
+    """The versions whose files should go (pure: no clock, no files)."""
+    ordered = sorted(versions, key=lambda v: v["version"], reverse=True)
+    newest = {v["id"] for v in ordered[:keep_last]}
+    return [v for v in ordered
+            if v["id"] not in newest and v["id"] not in ever_promoted
+            and v["status"] in DELETABLE_STATUSES and v.get("files_deleted_at") is None]
+
+
+def delete_adapter_files(path: str) -> str:
+    """Delete an adapter directory; returns what happened (deleted, missing, refused: ...)."""
+    directory = Path(path)
+    if not directory.exists():
+        return "missing"
+    if not directory.is_dir() or not (directory / "adapter_config.json").is_file():
+        return "refused: not an adapter directory"
+    shutil.rmtree(directory)
+    return "deleted"
+
+
+async def apply_retention(engine: AsyncEngine, policy: str, *, keep_last: int, grace_s: float,
+                          now: datetime | None = None) -> list[dict[str, Any]]:
+    """Delete the files of the versions `plan_retention` picks; returns [{id, name, path, result}]."""
+    now = now or datetime.now(timezone.utc)
+    async with engine.connect() as connection:
+        versions = [dict(row._mapping) for row in await connection.execute(
+            select(adapter_versions.c.id, adapter_versions.c.name, adapter_versions.c.version,
+                   adapter_versions.c.status, adapter_versions.c.path, adapter_versions.c.files_deleted_at)
+            .where(adapter_versions.c.policy == policy))]
+        promoted = {row[0] for row in await connection.execute(
+            select(adapter_transitions.c.adapter_version_id).where(
+                adapter_transitions.c.policy == policy, adapter_transitions.c.to_status == "promoted"))}
+        promoted |= {v["id"] for v in versions if v["status"] in ("promoted", "retired")}
+        last = dict((row[0], row[1]) for row in await connection.execute(
+            select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
+            .where(adapter_transitions.c.policy == policy).group_by(adapter_transitions.c.adapter_version_id)))
+    done = []
+    for version in plan_retention(versions, keep_last, promoted):
+        changed_at = last.get(version["id"])
+        if changed_at is not None and now - changed_at < timedelta(seconds=grace_s):
+            continue
+        result = delete_adapter_files(version["path"])
+        if result.startswith("refused"):
+            log.warning("retention: not deleting %s for %s (%s)", version["path"], version["name"], result)
+        else:
+            async with engine.begin() as connection:
+                await connection.execute(update(adapter_versions).where(adapter_versions.c.id == version["id"])
+                                         .values(files_deleted_at=func.now(), updated_at=func.now()))
+        done.append({"id": version["id"], "name": version["name"], "path": version["path"], "result": result})
+    return done

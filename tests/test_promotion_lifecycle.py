@@ -1,0 +1,257 @@
+"""The promotion state machine and the periodic job against PostgreSQL, with scripted
+inference endpoints (httpx MockTransport): locking, idempotency, gates, evaluation,
+reviewed mode, rollback, reconciliation and retention."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from gateway.config import Settings
+from gateway.store.engine import make_async_engine
+from learner.promotion import lifecycle, service
+from learner.promotion.lifecycle import TransitionError
+from tests.test_promotion_units import FakeVLLM, client_for
+
+ENDPOINT = "http://vllm:8000"
+
+
+def settings_for(database_url: str, **promotion) -> Settings:
+    return Settings(database_url=database_url, policies=[{
+        "name": "agent", "base_model": "base", "endpoints": [f"{ENDPOINT}/v1"],
+        "promotion": {"min_samples": 10, "canary_share": 0.3, **promotion}}])
+
+
+def add_run(db, *, status: str = "succeeded", loss: float | None = 0.2, kl: float | None = 0.01) -> uuid.UUID:
+    run_id = uuid.uuid4()
+    db.execute("INSERT INTO training_runs (id, policy, status, loss, kl, finished_at) VALUES (%s, 'agent', %s, %s, %s, "
+               "CASE WHEN %s = 'running' THEN NULL ELSE now() END)", (run_id, status, loss, kl, status))
+    return run_id
+
+
+def add_version(db, number: int, *, status: str = "candidate", run: uuid.UUID | None = None,
+                path: str | None = None) -> uuid.UUID:
+    version_id = uuid.uuid4()
+    db.execute("INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, training_run_id) "
+               "VALUES (%s, 'agent', %s, %s, %s, 'base', %s, %s)",
+               (version_id, number, f"agent-v{number}", status, path or f"/adapters/v{number}", run))
+    return version_id
+
+
+def status_of(db, version_id: uuid.UUID) -> str:
+    return db.execute("SELECT status FROM adapter_versions WHERE id = %s", (version_id,)).fetchone()[0]
+
+
+def add_rewarded(db, version_id: uuid.UUID | None, values: list[float], since: datetime | None = None) -> None:
+    at = since or datetime.now(timezone.utc)
+    for value in values:
+        trajectory = uuid.uuid4()
+        db.execute("INSERT INTO trajectories (id, tenant, model, policy, adapter_version_id, first_call_at, "
+                   "last_call_at, call_count) VALUES (%s, 't', 'agent', 'agent', %s, %s, %s, 1)",
+                   (trajectory, version_id, at, at))
+        db.execute("INSERT INTO rewards (id, tenant, target_kind, target, trajectory_id, status, linked_at, name, "
+                   "value, content_hash, source, observed_at) VALUES (%s, 't', 'trajectory', %s, %s, 'linked', "
+                   "now(), 'reward', %s, '\\x00', 'key', now())",
+                   (uuid.uuid4(), str(trajectory), trajectory, value))
+
+
+@pytest.fixture
+async def engine(database_url):
+    engine = make_async_engine(database_url)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+def vllm():
+    fake = FakeVLLM()
+    return fake, client_for({ENDPOINT: fake})
+
+
+async def test_transitions_are_recorded_idempotent_and_guarded(db, engine):
+    v1, v2 = add_version(db, 1), add_version(db, 2)
+    result = await lifecycle.start_canary(engine, v1, actor="alice", share=0.25, reason="looks fine")
+    assert result.changed and result.version["status"] == "canary" and result.version["canary_share"] == 0.25
+    again = await lifecycle.start_canary(engine, v1, actor="bob", share=0.5)
+    assert not again.changed and again.version["canary_share"] == 0.25
+
+    with pytest.raises(TransitionError, match="already has a canary"):
+        await lifecycle.start_canary(engine, v2, actor="bob", share=0.5)
+    await lifecycle.promote(engine, v1, actor="auto", reason="better")
+    promoted = await lifecycle.promote(engine, v2, actor="alice")  # "promote now" of a candidate
+    assert [v["name"] for v in promoted.side_effects] == ["agent-v1"]
+    assert (status_of(db, v1), status_of(db, v2)) == ("retired", "promoted")
+
+    with pytest.raises(TransitionError, match="agent-v2 is promoted: it cannot become rejected"):
+        await lifecycle.reject(engine, v2, actor="alice")
+    assert not (await lifecycle.rollback(engine, v2, actor="alice")).changed  # already promoted: nothing to do
+    with pytest.raises(TransitionError, match="agent-v3 is candidate: it cannot become promoted .only from retired"):
+        await lifecycle.rollback(engine, add_version(db, 3), actor="alice")
+    back = await lifecycle.rollback(engine, v1, actor="carol", reason="v2 answers badly")
+    assert back.changed and (status_of(db, v1), status_of(db, v2)) == ("promoted", "retired")
+    assert not (await lifecycle.rollback(engine, v1, actor="carol")).changed
+
+    rows = db.execute("SELECT v.name, t.from_status, t.to_status, t.actor, t.reason FROM adapter_transitions t "
+                      "JOIN adapter_versions v ON v.id = t.adapter_version_id ORDER BY t.id").fetchall()
+    assert rows == [
+        ("agent-v1", "candidate", "canary", "alice", "looks fine"),
+        ("agent-v1", "canary", "promoted", "auto", "better"),
+        ("agent-v1", "promoted", "retired", "alice", "replaced by agent-v2"),
+        ("agent-v2", "candidate", "promoted", "alice", None),
+        ("agent-v2", "promoted", "retired", "carol", "replaced by agent-v1: v2 answers badly"),
+        ("agent-v1", "retired", "promoted", "carol", "v2 answers badly"),
+    ]
+
+
+async def test_concurrent_transitions_serialise(db, engine):
+    versions = [add_version(db, n) for n in range(1, 7)]
+    starts = await asyncio.gather(*(lifecycle.start_canary(engine, v, actor=f"admin{i}", share=0.2)
+                                    for i, v in enumerate(versions)), return_exceptions=True)
+    assert sum(1 for r in starts if isinstance(r, lifecycle.TransitionResult)) == 1
+    assert all("already has a canary" in str(r) for r in starts if isinstance(r, Exception))
+
+    # Everyone promotes a different version at once: one wins last, the others were retired in turn.
+    outcomes = await asyncio.gather(*(lifecycle.promote(engine, v, actor="admin") for v in versions))
+    assert all(o.changed for o in outcomes)
+    statuses = sorted(status_of(db, v) for v in versions)
+    assert statuses == ["promoted"] + ["retired"] * 5
+    # each promotion retired exactly the one before it: a chain with no gaps or doubles
+    retired = db.execute("SELECT count(*) FROM adapter_transitions WHERE to_status = 'retired'").fetchone()[0]
+    assert retired == 5
+    # and the same promotion asked twice at once writes one transition
+    target = next(v for v in versions if status_of(db, v) == "retired")
+    twice = await asyncio.gather(lifecycle.rollback(engine, target, actor="a"), lifecycle.rollback(engine, target,
+                                                                                                   actor="b"))
+    assert sorted(o.changed for o in twice) == [False, True]
+
+
+async def test_gates_keep_bad_candidates_out_and_the_good_one_becomes_canary(db, engine, vllm, database_url):
+    fake, client = vllm
+    settings = settings_for(database_url, kl_bound=0.1)
+    nan = add_version(db, 1, run=add_run(db, loss=float("nan")))
+    drifted = add_version(db, 2, run=add_run(db, kl=0.7))
+    failed = add_version(db, 3, run=add_run(db, status="failed"))
+    running = add_version(db, 4, run=add_run(db, status="running", loss=None, kl=None))
+    report = await service.promotion_tick(engine, settings, client=client)
+    assert not report.errors
+    assert [status_of(db, v) for v in (nan, drifted, failed, running)] == ["rejected"] * 3 + ["candidate"]
+    assert fake.requests == [] or all(b.get("lora_name") not in ("agent-v1", "agent-v2", "agent-v3")
+                                      for _, b in fake.requests)
+    reason = db.execute("SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s", (nan,)).fetchone()[0]
+    assert reason == "gates failed: loss_finite: the loss is nan"
+    gates = db.execute("SELECT gates FROM adapter_versions WHERE id = %s", (nan,)).fetchone()[0]
+    assert gates["outcome"] == "fail" and gates["checks"][1]["value"] == "nan"
+    # an admin cannot push the NaN one into a canary either
+    with pytest.raises(TransitionError):
+        await service.approve(engine, settings, nan, actor="alice", client=client)
+
+    good_old = add_version(db, 5, run=add_run(db))
+    good = add_version(db, 6, run=add_run(db))
+    report = await service.promotion_tick(engine, settings, client=client)
+    assert (status_of(db, good), status_of(db, good_old)) == ("canary", "rejected")
+    assert fake.loaded == {"agent-v6": "/adapters/v6"}
+    assert db.execute("SELECT canary_share FROM adapter_versions WHERE id = %s", (good,)).fetchone()[0] == 0.3
+
+
+async def test_automatic_and_reviewed_verdicts(db, engine, vllm, database_url):
+    fake, client = vllm
+    rng = random.Random(5)
+    incumbent = add_version(db, 1, status="promoted")
+    fake.loaded["agent-v1"] = "/adapters/v1"
+    reviewed = settings_for(database_url, mode="reviewed")
+    automatic = settings_for(database_url)
+
+    canary = add_version(db, 2, run=add_run(db))
+    await service.promotion_tick(engine, reviewed, client=client)
+    assert status_of(db, canary) == "canary"
+    add_rewarded(db, canary, [rng.uniform(0.6, 1.0) for _ in range(15)])
+    add_rewarded(db, incumbent, [rng.uniform(0.0, 0.5) for _ in range(15)])
+    old = datetime.now(timezone.utc) - timedelta(hours=1)
+    add_rewarded(db, incumbent, [1.0] * 20, since=old)  # before the canary started: not compared
+    report = await service.promotion_tick(engine, reviewed, client=client)
+    assert status_of(db, canary) == "canary", "a reviewed policy waits for the admin"
+    assert any(a["action"] == "awaiting_review" for a in report.actions)
+    detail = await service.version_detail(engine, reviewed, canary)
+    assert detail["evaluation"]["verdict"] == "better" and detail["evaluation"]["decision"] == "review"
+    assert detail["evaluation"]["canary"]["n"] == 15 and detail["evaluation"]["incumbent"]["n"] == 15
+    result = await service.approve(engine, reviewed, "agent-v2", actor="alice", client=client)
+    assert result.transition.changed and status_of(db, canary) == "promoted" and status_of(db, incumbent) == "retired"
+
+    # automatic: a worse canary is rejected, a canary with no verdict times out
+    worse = add_version(db, 3, run=add_run(db))
+    await service.promotion_tick(engine, automatic, client=client)
+    assert status_of(db, worse) == "canary"
+    add_rewarded(db, worse, [rng.uniform(0.0, 0.3) for _ in range(12)])
+    add_rewarded(db, canary, [rng.uniform(0.5, 1.0) for _ in range(12)])
+    await service.promotion_tick(engine, automatic, client=client)
+    assert status_of(db, worse) == "rejected"
+    reason = db.execute("SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = "
+                        "'rejected'", (worse,)).fetchone()[0]
+    assert reason.startswith("canary significantly worse: mean difference -")
+
+    slow = add_version(db, 4, run=add_run(db))
+    await service.promotion_tick(engine, automatic, client=client)
+    assert status_of(db, slow) == "canary"
+    later = datetime.now(timezone.utc) + timedelta(days=2)
+    await service.promotion_tick(engine, automatic, client=client, now=later)
+    assert status_of(db, slow) == "rejected" and status_of(db, canary) == "promoted"
+
+
+async def test_pause_blocks_automatic_canaries(db, engine, vllm, database_url):
+    _, client = vllm
+    settings = settings_for(database_url)
+    state = await service.set_paused(engine, settings, "agent", True, actor="alice")
+    assert state["learning_paused"] and state["updated_by"] == "alice"
+    assert (await service.set_paused(engine, settings, "agent", True, actor="bob"))["updated_by"] == "alice"
+    version = add_version(db, 1, run=add_run(db))
+    await service.promotion_tick(engine, settings, client=client)
+    assert status_of(db, version) == "candidate"
+    await service.set_paused(engine, settings, "agent", False, actor="alice")
+    await service.promotion_tick(engine, settings, client=client)
+    assert status_of(db, version) == "canary"
+    with pytest.raises(service.PolicyNotConfigured):
+        await service.set_paused(engine, settings, "nobody", True, actor="alice")
+
+
+async def test_rollback_reconcile_and_retention(db, engine, vllm, database_url, tmp_path: Path):
+    fake, client = vllm
+    settings = settings_for(database_url, keep_last=2, unload_grace_s=0)
+    paths = {}
+    for n in range(1, 6):
+        paths[n] = tmp_path / f"v{n}"
+        paths[n].mkdir()
+        (paths[n] / "adapter_config.json").write_text("{}")
+    v1 = add_version(db, 1, status="retired", path=str(paths[1]))
+    v2 = add_version(db, 2, status="rejected", path=str(paths[2]))
+    v3 = add_version(db, 3, status="promoted", path=str(paths[3]))
+    v4 = add_version(db, 4, status="rejected", path=str(paths[4]))
+    v5 = add_version(db, 5, status="candidate", path=str(paths[5]), run=add_run(db, status="running"))
+    fake.loaded.update({"agent-v2": str(paths[2]), "unrelated": "/x"})
+
+    report = await service.promotion_tick(engine, settings, client=client)
+    # the promoted version the endpoint lacked is loaded; the rejected one unloaded; others untouched
+    assert fake.loaded == {"agent-v3": str(paths[3]), "unrelated": "/x"}
+    assert {(a["version"], a["action"]) for a in report.actions} >= {("agent-v3", "reloaded"),
+                                                                     ("agent-v2", "unloaded"),
+                                                                     ("agent-v2", "files_deleted")}
+    # newest 2 (v5, v4) kept, v1 (was promoted) and v3 kept, v2 deleted
+    assert [p.exists() for p in paths.values()] == [True, False, True, True, True]
+    assert db.execute("SELECT name FROM adapter_versions WHERE files_deleted_at IS NOT NULL").fetchall() == [
+        ("agent-v2",)]
+
+    result = await service.rollback(engine, settings, "agent", "v1", actor="alice", client=client)
+    assert result.transition.changed and [e.action for e in result.endpoints] == ["loaded"]
+    assert (status_of(db, v1), status_of(db, v3)) == ("promoted", "retired")
+    assert "agent-v3" in fake.loaded  # the replaced version stays loaded until the next reconcile
+
+    db.execute("UPDATE adapter_versions SET files_deleted_at = now() WHERE id = %s", (v3,))
+    with pytest.raises(TransitionError, match="files were deleted"):
+        await service.rollback(engine, settings, "agent", str(v3), actor="alice", client=client)
+    with pytest.raises(lifecycle.VersionNotFound):
+        await service.rollback(engine, settings, "agent", "v9", actor="alice", client=client)
+    assert status_of(db, v5) == "candidate" and status_of(db, v4) == "rejected"

@@ -1,0 +1,232 @@
+"""Promotion's pure parts: statistics, the decision, gates, the transition table, retention
+planning, and the LoRA loading client against a scripted vLLM-like endpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import uuid
+
+import httpx
+import pytest
+
+from learner.promotion import evaluation as ev
+from learner.promotion import lifecycle, loading
+from learner.promotion.gates import evaluate_gates, json_number
+from learner.promotion.retention import plan_retention
+
+
+# ---------------------------------------------------------------- statistics
+
+@pytest.mark.parametrize(("p", "df", "expected"), [
+    (0.975, 1, 12.706204736), (0.975, 10, 2.228138852), (0.95, 30, 1.697260887),
+    (0.995, 5, 4.032142984), (0.975, math.inf, 1.959963985), (0.025, 10, -2.228138852),
+])
+def test_t_quantiles_match_tables(p, df, expected):
+    assert ev.t_ppf(p, df) == pytest.approx(expected, abs=1e-6)
+
+
+def test_welch_interval_by_hand():
+    # a: mean 3, var 2.5, n 5; b: mean 7, var 14, n 6 -> se^2 = 0.5 + 2.3333, df 6.9723
+    interval = ev.welch_interval([1, 2, 3, 4, 5], [2, 4, 6, 8, 10, 12], 0.95)
+    se = math.sqrt(0.5 + 14 / 6)
+    assert interval.difference == -4.0
+    assert interval.df == pytest.approx(6.97226, abs=1e-4)
+    assert interval.high - interval.difference == pytest.approx(ev.t_ppf(0.975, interval.df) * se)
+    assert interval.low < 0 and interval.high < 0  # significantly lower, barely
+    same = ev.welch_interval([0.5, 0.5, 0.5], [0.5, 0.5])
+    assert (same.low, same.high) == (0.0, 0.0)
+
+
+def test_bootstrap_is_seeded_and_close_to_welch():
+    rng = random.Random(3)
+    a = [rng.gauss(0.6, 0.2) for _ in range(200)]
+    b = [rng.gauss(0.5, 0.2) for _ in range(200)]
+    boot = ev.bootstrap_interval(a, b, seed=7)
+    assert boot == ev.bootstrap_interval(a, b, seed=7)
+    welch = ev.welch_interval(a, b)
+    assert boot.low == pytest.approx(welch.low, abs=0.02) and boot.high == pytest.approx(welch.high, abs=0.02)
+
+
+def test_compare_and_decide():
+    rng = random.Random(1)
+    good = [min(1, max(0, rng.gauss(0.8, 0.1))) for _ in range(40)]
+    bad = [min(1, max(0, rng.gauss(0.3, 0.1))) for _ in range(40)]
+    noise = [rng.random() for _ in range(40)]
+
+    few = ev.compare(good[:5], bad, min_samples=10)
+    assert few.verdict == ev.INSUFFICIENT and few.interval is None and few.canary.n == 5
+    assert ev.decide(few, mode="automatic", elapsed_s=10, timeout_s=100) == ev.WAIT
+    assert ev.decide(few, mode="automatic", elapsed_s=100, timeout_s=100) == ev.TIMEOUT
+
+    better = ev.compare(good, bad, min_samples=10)
+    assert better.verdict == ev.BETTER and better.interval.low > 0
+    assert ev.decide(better, mode="automatic", elapsed_s=0, timeout_s=100) == ev.PROMOTE
+    assert ev.decide(better, mode="reviewed", elapsed_s=1e9, timeout_s=100) == ev.REVIEW
+
+    worse = ev.compare(bad, good, method="bootstrap", min_samples=10)
+    assert worse.verdict == ev.WORSE and worse.interval.high < 0
+    assert ev.decide(worse, mode="automatic", elapsed_s=0, timeout_s=100) == ev.REJECT
+
+    unclear = ev.compare(noise[:20], noise[20:], min_samples=10)
+    assert unclear.verdict == ev.INCONCLUSIVE
+    assert json.loads(json.dumps(better.as_json()))["interval"]["low"] > 0
+
+
+# ---------------------------------------------------------------- gates
+
+def run(**fields):
+    return {"status": "succeeded", "loss": 0.25, "kl": 0.01, "metrics": {}, **fields}
+
+
+def test_gates():
+    assert evaluate_gates(run(), kl_bound=0.1).passed
+    assert evaluate_gates(None, kl_bound=0.1).outcome == "fail"
+    assert evaluate_gates(run(status="running"), kl_bound=0.1).outcome == "wait"
+    failed = evaluate_gates(run(status="failed", error="CUDA OOM"), kl_bound=0.1)
+    assert failed.outcome == "fail" and "CUDA OOM" in failed.failures()[0]
+
+    nan = evaluate_gates(run(loss=float("nan")), kl_bound=0.1)
+    assert nan.outcome == "fail" and nan.failures() == ["loss_finite: the loss is nan"]
+    assert json.dumps(nan.as_json(), allow_nan=False)  # storable in jsonb
+    assert evaluate_gates(run(loss=None), kl_bound=0.1).outcome == "fail"
+    assert evaluate_gates(run(metrics={"grad_norm": "NaN"}), kl_bound=0.1).outcome == "fail"
+
+    far = evaluate_gates(run(kl=0.5), kl_bound=0.1)
+    assert far.outcome == "fail" and "0.5 > bound 0.1" in far.failures()[0]
+    assert evaluate_gates(run(kl=0.5), kl_bound=None).passed
+    # the learner's KL to the incumbent in metrics wins over the kl column
+    assert evaluate_gates(run(kl=0.5, metrics={"kl_to_incumbent": 0.05}), kl_bound=0.1).passed
+    unmeasured = evaluate_gates(run(kl=None), kl_bound=0.1)
+    assert unmeasured.passed and "not measured" in unmeasured.checks[2]["detail"]
+    assert evaluate_gates(run(kl=float("inf")), kl_bound=None).outcome == "fail"
+    assert json_number(float("-inf")) == "-inf" and json_number(1.5) == 1.5
+
+
+# ---------------------------------------------------------------- state machine and retention
+
+def test_transition_table():
+    allowed = {(a, b) for a in lifecycle.STATUSES for b in lifecycle.STATUSES if lifecycle.is_allowed(a, b)}
+    assert allowed == {("candidate", "canary"), ("candidate", "promoted"), ("canary", "promoted"),
+                       ("retired", "promoted"), ("promoted", "retired"), ("candidate", "rejected"),
+                       ("canary", "rejected")}
+
+
+def test_retention_plan_keeps_last_k_and_everything_ever_promoted():
+    ids = {n: uuid.uuid4() for n in range(1, 9)}
+    statuses = {1: "retired", 2: "rejected", 3: "rejected", 4: "retired", 5: "rejected", 6: "promoted",
+                7: "rejected", 8: "candidate"}
+    versions = [{"id": ids[n], "version": n, "status": s, "files_deleted_at": None} for n, s in statuses.items()]
+    versions[2]["files_deleted_at"] = "2026-01-01"  # v3: already gone
+    ever_promoted = {ids[1], ids[4], ids[6], ids[5]}  # v5: promoted once (kept whatever its status)
+    doomed = plan_retention(versions, keep_last=3, ever_promoted=ever_promoted)
+    assert [v["version"] for v in doomed] == [2]
+
+
+# ---------------------------------------------------------------- loading against a scripted endpoint
+
+class FakeVLLM:
+    """Answers like vLLM's LoRA API; `script` injects failures per request path."""
+
+    def __init__(self, script: dict[str, list[int]] | None = None) -> None:
+        self.loaded: dict[str, str] = {}
+        self.script = script or {}
+        self.requests: list[tuple[str, dict]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        body = json.loads(request.content) if request.content else {}
+        self.requests.append((path, body))
+        if self.script.get(path):
+            status = self.script[path].pop(0)
+            if status == -1:
+                raise httpx.ConnectError("connection refused", request=request)
+            return httpx.Response(status, json={"error": {"message": "busy", "type": "x", "code": status}})
+        if path.endswith("/models"):
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "base", "root": "/base"}] + [
+                {"id": n, "root": p, "parent": "base"} for n, p in self.loaded.items()]})
+        if path.endswith("/load_lora_adapter"):
+            name, lpath = body["lora_name"], body["lora_path"]
+            if "missing" in lpath:
+                return httpx.Response(404, json={"error": {"message": f"Loading lora {name} failed: No adapter "
+                                                                      f"found for {lpath}", "type": "NotFoundError",
+                                                           "code": 404}})
+            if name in self.loaded and not body.get("load_inplace"):
+                return httpx.Response(400, json={"error": {"message": f"The lora adapter '{name}' has already been "
+                                                                      "loaded. If you want to load the adapter in "
+                                                                      "place, set 'load_inplace' to True.",
+                                                           "type": "InvalidUserInput", "code": 400}})
+            self.loaded[name] = lpath
+            return httpx.Response(200, text=f"Success: LoRA adapter '{name}' added successfully.")
+        if path.endswith("/unload_lora_adapter"):
+            if body["lora_name"] not in self.loaded:
+                return httpx.Response(404, json={"error": {"message": f"The lora adapter '{body['lora_name']}' "
+                                                                      "cannot be found.", "type": "NotFoundError",
+                                                           "code": 404}})
+            del self.loaded[body["lora_name"]]
+            return httpx.Response(200, text="Success")
+        return httpx.Response(404)
+
+
+def client_for(fakes: dict[str, FakeVLLM]) -> httpx.AsyncClient:
+    def route(request: httpx.Request) -> httpx.Response:
+        return fakes[f"{request.url.scheme}://{request.url.host}:{request.url.port}"](request)
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(route))
+
+
+async def test_loading_is_idempotent_retried_and_verified():
+    fakes = {"http://a:8000": FakeVLLM(), "http://b:8000": FakeVLLM({"/v1/load_lora_adapter": [503, -1]})}
+    endpoints = ["http://a:8000/v1", "http://b:8000/v1"]
+    async with client_for(fakes) as client:
+        outcomes = await loading.ensure_loaded(endpoints, "p-v1", "/adapters/v1", client=client, backoff_s=0.01)
+        assert [(o.action, o.attempts) for o in outcomes] == [("loaded", 1), ("loaded", 3)]
+        assert all(f.loaded == {"p-v1": "/adapters/v1"} for f in fakes.values())
+
+        again = await loading.ensure_loaded(endpoints, "p-v1", "/adapters/v1", client=client)
+        assert [o.action for o in again] == ["present", "present"]
+
+        # vLLM's 400 "already loaded" (another process won the race) counts as loaded
+        racing = FakeVLLM()
+        racing.loaded["p-v2"] = "/adapters/v2"
+        original = racing.__call__
+
+        def hide_first_listing(request, state={"hidden": False}):
+            if request.url.path.endswith("/models") and not state["hidden"]:
+                state["hidden"] = True
+                return httpx.Response(200, json={"data": [{"id": "base"}]})
+            return original(request)
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(hide_first_listing)) as racing_client:
+            done = await loading.ensure_loaded(["http://c:1/v1"], "p-v2", "/adapters/v2", client=racing_client)
+            assert done[0].action == "loaded"
+
+        # the same name over another path is replaced in place
+        moved = await loading.ensure_loaded(endpoints[:1], "p-v1", "/adapters/v1-retrained", client=client)
+        assert moved[0].action == "reloaded" and fakes["http://a:8000"].loaded["p-v1"] == "/adapters/v1-retrained"
+
+        with pytest.raises(loading.LoadError) as missing:
+            await loading.ensure_loaded(endpoints, "p-v3", "/adapters/missing", client=client, backoff_s=0.01)
+        assert missing.value.permanent and "No adapter found" in str(missing.value)
+        assert sum(1 for p, _ in fakes["http://a:8000"].requests if p.endswith("load_lora_adapter")
+                   and _["lora_name"] == "p-v3") == 1  # a 404 is not retried
+
+        fakes["http://b:8000"].script["/v1/models"] = [500] * 10
+        with pytest.raises(loading.LoadError) as down:
+            await loading.ensure_loaded(endpoints, "p-v4", "/adapters/v4", client=client, attempts=2, backoff_s=0.01)
+        assert not down.value.permanent and list(down.value.failures) == ["http://b:8000/v1"]
+
+        fakes["http://b:8000"].script.clear()
+        gone = await loading.unload(endpoints, "p-v1", client=client)
+        assert [o.action for o in gone] == ["unloaded", "unloaded"]
+        assert [o.action for o in await loading.unload(endpoints, "p-v1", client=client)] == ["absent", "absent"]
+
+
+def test_promotion_does_not_import_torch():
+    import subprocess
+
+    code = ("import sys, learner.promotion.service, gateway.endpoints.admin.routes; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
