@@ -1,0 +1,1 @@
+"""The learner as a job: select what to train on, run GRPO, record a candidate; the scheduler and CLI."""

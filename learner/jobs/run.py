@@ -1,0 +1,346 @@
+"""One learner run for one policy: lock, select, group, tokenize, train, record a candidate.
+
+Safety, in the order things happen:
+- One learner per policy at a time, across machines: a session-level PostgreSQL advisory lock
+  keyed by the policy, held on the run's connection. A run that cannot take it returns "busy"
+  at once. The lock goes away with the connection, so a killed learner never leaves it held.
+- A `training_runs` row is written (status running) and committed first: it is the record of
+  the attempt even if the process dies. Holding the lock proves that any older "running" row
+  of the policy belongs to a dead run; those are marked failed ("interrupted").
+- Adapter files are written atomically under a temporary name (adapters.save_adapter).
+- Then ONE transaction inserts the `adapter_versions` row (status candidate), its
+  `adapter_transitions` row (NULL -> candidate, actor "auto"), marks the trajectories it used
+  (and the groups it set aside for carrying no signal) with `trained_in_run_id`, and finishes
+  the run row. Killed before that commit, nothing is marked and the next run retries the same
+  data; the next run also deletes adapter directories that no version row refers to.
+- A NaN or infinite loss (or gradient) aborts the run: status "aborted", no candidate,
+  nothing marked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from gateway.config import PolicySettings, Settings
+from learner.grpo.advantages import group_advantages
+from learner.grpo.grouping import Grouping, make_groups
+from learner.jobs.selection import Selection, select
+
+log = logging.getLogger(__name__)
+
+LOCK_CLASS = 0x4150_4C4E  # "APLN": the learner's advisory-lock namespace
+_SOURCE_DIRS = ("learner/grpo", "learner/jobs")
+
+
+@dataclass
+class RunOutcome:
+    """What a run did. status: succeeded | skipped | aborted | failed | busy | paused | disabled."""
+
+    status: str
+    policy: str
+    run_id: str | None = None
+    version_id: str | None = None
+    version_name: str | None = None
+    path: str | None = None
+    error: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def lock_key(policy: str) -> int:
+    """The advisory lock's second key: a stable 32-bit hash of the policy name."""
+    return int.from_bytes(hashlib.blake2b(policy.encode(), digest_size=4).digest(), "big", signed=True)
+
+
+def code_version() -> str:
+    """The git commit (with +dirty) when run from a checkout, and a hash of the learner's sources."""
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for directory in _SOURCE_DIRS:
+        for path in sorted((root / directory).glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    source = digest.hexdigest()[:12]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *_SOURCE_DIRS], cwd=root, capture_output=True,
+                               text=True, timeout=5, check=True).stdout.strip()
+        return f"git:{commit}{'+dirty' if dirty else ''} src:{source}"
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"apprentice {version('apprentice')} src:{source}"
+        except PackageNotFoundError:
+            return f"src:{source}"
+
+
+def adapters_dir(settings: Settings, policy: PolicySettings) -> Path:
+    return Path(policy.learning.adapters_dir or Path(settings.data_dir) / "adapters" / policy.name).resolve()
+
+
+def _database_url(settings: Settings, database_url: str | None) -> str:
+    from gateway.store.engine import ensure_database_url, libpq_url
+
+    # ensure_database_url exports the URL to the environment (for gateway workers); a learner
+    # given its database needs no such side effect.
+    url = database_url or settings.database_url or ensure_database_url(None, Path(settings.data_dir))
+    return libpq_url(url)
+
+
+# ------------------------------------------------------------------ run bookkeeping
+
+def _start_run(connection: psycopg.Connection, policy: PolicySettings, trigger: str, config: dict[str, Any]) -> str:
+    run_id = str(uuid.uuid4())
+    with connection.transaction():
+        connection.execute(
+            "UPDATE training_runs SET status = 'failed', finished_at = now(), "
+            "error = 'interrupted: the learner ended before finishing this run' "
+            "WHERE policy = %s AND status = 'running'", (policy.name,))
+        connection.execute(
+            "INSERT INTO training_runs (id, policy, status, trigger, host, pid, code_version, config) "
+            "VALUES (%s, %s, 'running', %s, %s, %s, %s, %s)",
+            (run_id, policy.name, trigger, socket.gethostname(), os.getpid(), code_version(), Jsonb(config)))
+    return run_id
+
+
+def _finish_run(connection: psycopg.Connection, run_id: str, status: str, *, error: str | None = None,
+                columns: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None) -> None:
+    columns = dict(columns or {})
+    assignments = ", ".join(f"{name} = %({name})s" for name in columns)
+    connection.execute(
+        f"UPDATE training_runs SET status = %(status)s, finished_at = now(), error = %(error)s, "
+        f"duration_s = extract(epoch FROM now() - started_at), metrics = %(metrics)s"
+        f"{', ' + assignments if assignments else ''} WHERE id = %(id)s",
+        {**columns, "status": status, "error": error, "metrics": Jsonb(_jsonable(metrics or {})), "id": run_id})
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _mark(connection: psycopg.Connection, run_id: str, trajectory_ids: list[str]) -> int:
+    if not trajectory_ids:
+        return 0
+    cursor = connection.execute(
+        "UPDATE trajectories SET trained_in_run_id = %s WHERE id = ANY(%s::uuid[]) AND trained_in_run_id IS NULL",
+        (run_id, trajectory_ids))
+    return cursor.rowcount
+
+
+def _remove_orphan_adapters(connection: psycopg.Connection, directory: Path, policy: str) -> None:
+    """This policy's adapter directories that no version row refers to: left by killed runs.
+
+    Only names this policy's runs write (`<policy>-v<n>` and their temporary siblings) are
+    touched, so a directory shared with other policies or other files is safe.
+    """
+    from learner.grpo.adapters import TMP_PREFIX
+
+    if not directory.is_dir():
+        return
+    known = {Path(r[0]).resolve() for r in connection.execute("SELECT path FROM adapter_versions").fetchall()}
+    prefix = f"{policy}-v"
+    for entry in directory.iterdir():
+        ours = entry.name.startswith(prefix) or entry.name.startswith(TMP_PREFIX + prefix)
+        if ours and entry.is_dir() and entry.resolve() not in known:
+            log.info("removing adapter directory %s: no version refers to it (interrupted run)", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ the run
+
+def _grouping_metrics(grouping: Grouping, selection: Selection) -> dict[str, Any]:
+    return {"groups": grouping.counts(), "skipped_trajectories": dict(selection.skipped),
+            "candidates": len(selection.candidates), "waiting_unrewarded": len(selection.waiting)}
+
+
+def _samples(grouping: Grouping, selection: Selection, tokenizer: Any, advantage: str, min_group_size: int,
+             skipped: dict[str, int]) -> tuple[list[Any], list[str]]:
+    """Tokenized samples with advantages for the usable groups; also the trajectory ids used."""
+    from learner.grpo.tokens import TokenizationError, trajectory_segments
+    from learner.grpo.trainer import TrainSample
+
+    samples: list[TrainSample] = []
+    used: list[str] = []
+    for group in grouping.usable:
+        members = []
+        for member in group.members:
+            try:
+                segments = trajectory_segments(tokenizer, selection.candidates[member.trajectory_id].calls)
+            except TokenizationError as exc:
+                key = type(exc).__name__
+                skipped[key] = skipped.get(key, 0) + 1
+                continue
+            members.append((member, segments))
+        rewards = [m.reward for m, _ in members]
+        if len(members) < min_group_size or max(rewards) == min(rewards):  # type: ignore[type-var]
+            continue  # what is left after tokenization carries no signal; retried next run
+        for (member, segments), adv in zip(members, group_advantages(rewards, advantage)):  # type: ignore[arg-type]
+            samples.append(TrainSample(member.trajectory_id, float(member.reward), adv, segments))  # type: ignore[arg-type]
+            used.append(member.trajectory_id)
+    return samples, used
+
+
+def run_once(settings: Settings, policy_name: str, *, trigger: str = "manual", progress: bool = False,
+             database_url: str | None = None) -> RunOutcome:
+    """One learner run for `policy_name` (see the module docstring). Never raises for a failed run."""
+    policy = settings.policy(policy_name)
+    if policy is None:
+        raise ValueError(f"no policy named {policy_name!r} in the configuration")
+    learning = policy.learning
+    if not learning.enabled:
+        return RunOutcome("disabled", policy.name)
+    url = _database_url(settings, database_url)
+    with psycopg.connect(url, autocommit=True) as connection:
+        locked = connection.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(policy.name))).fetchone()[0]
+        if not locked:
+            return RunOutcome("busy", policy.name, error="another learner holds this policy's lock")
+        try:
+            paused = connection.execute("SELECT learning_paused FROM policy_state WHERE policy = %s",
+                                        (policy.name,)).fetchone()
+            if paused and paused[0]:
+                return RunOutcome("paused", policy.name)
+            return _locked_run(connection, settings, policy, trigger, progress)
+        finally:
+            connection.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(policy.name)))
+
+
+def _locked_run(connection: psycopg.Connection, settings: Settings, policy: PolicySettings, trigger: str,
+                progress: bool) -> RunOutcome:
+    learning = policy.learning
+    started = time.monotonic()
+    config = {"policy": policy.name, "base_model": policy.base_model, "learning": learning.model_dump(mode="json")}
+    run_id = _start_run(connection, policy, trigger, config)
+    directory = adapters_dir(settings, policy)
+    metrics: dict[str, Any] = {}
+    try:
+        _remove_orphan_adapters(connection, directory, policy.name)
+        selection = select(connection, policy.name, policy.base_model, learning)
+        grouping = make_groups(selection.members, learning.min_group_size, selection.now, learning.reward_wait_s)
+        metrics.update(_grouping_metrics(grouping, selection))
+        set_aside = [m.trajectory_id for g in grouping.set_aside() for m in g.members]
+        counts = {"groups_equal_rewards": len(grouping.equal_rewards), "groups_greedy": len(grouping.greedy)}
+        if grouping.greedy:
+            log.warning("policy %s: %d groups were sampled greedily (temperature 0 or identical answers) and "
+                        "taught nothing; set the policy's temperature", policy.name, len(grouping.greedy))
+        if not grouping.usable:
+            with connection.transaction():
+                _mark(connection, run_id, set_aside)
+                _finish_run(connection, run_id, "skipped", error="no group with a learning signal",
+                            columns={**counts, "groups": 0, "trajectories": 0}, metrics=metrics)
+            return RunOutcome("skipped", policy.name, run_id, metrics=metrics, error="no group with a learning signal")
+        return _train_and_record(connection, settings, policy, run_id, selection, grouping, set_aside, counts,
+                                 metrics, directory, progress, started)
+    except BaseException as exc:
+        from learner.grpo.trainer import NonFiniteLoss
+
+        status = "aborted" if isinstance(exc, NonFiniteLoss) else "failed"
+        log.exception("learner run %s for %s %s", run_id, policy.name, status)
+        try:
+            _finish_run(connection, run_id, status, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
+        except psycopg.Error:
+            log.exception("could not record the end of run %s", run_id)
+        if not isinstance(exc, Exception):
+            raise
+        return RunOutcome(status, policy.name, run_id, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
+
+
+def _load_model(policy: PolicySettings) -> tuple[Any, Any]:
+    from learner.models import load_base_model
+
+    learning = policy.learning
+    device = None if learning.device == "auto" else learning.device
+    dtype = None if learning.dtype == "auto" else learning.dtype
+    return load_base_model(policy.base_model, device=device, dtype=dtype)
+
+
+def _train_and_record(connection: psycopg.Connection, settings: Settings, policy: PolicySettings, run_id: str,
+                      selection: Selection, grouping: Grouping, set_aside: list[str], counts: dict[str, int],
+                      metrics: dict[str, Any], directory: Path, progress: bool, started: float) -> RunOutcome:
+    import torch
+
+    from learner.grpo.adapters import continue_lora, new_lora, save_adapter
+    from learner.grpo.trainer import GRPOTrainer, TrainerConfig
+
+    learning = policy.learning
+    torch.manual_seed(learning.seed)
+    model, tokenizer = _load_model(policy)
+    skipped: dict[str, int] = {}
+    samples, _ = _samples(grouping, selection, tokenizer, learning.advantage, learning.min_group_size, skipped)
+    metrics["tokenization_skipped"] = skipped
+    promoted = next((v for v in selection.versions.values() if v.status == "promoted" and not v.files_deleted), None)
+    if promoted is not None:
+        peft_model = continue_lora(model, promoted.path)
+    else:
+        peft_model = new_lora(model, learning.lora_rank, learning.lora_alpha, learning.lora_target_modules,
+                              learning.lora_dropout)
+    device = str(next(peft_model.parameters()).device)
+    metrics.update({"device": device, "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+                    "from_version": promoted.name if promoted else None})
+    trainer = GRPOTrainer(peft_model, TrainerConfig.from_settings(learning),
+                          start_version=promoted.id if promoted else None, version_paths=selection.version_paths(),
+                          fresh=promoted is None, pad_token_id=tokenizer.pad_token_id or 0, progress=progress)
+    result = trainer.train(samples)
+    metrics["train"] = result.as_metrics()
+    trained_ids = [samples[i].trajectory_id for i in range(len(samples))] if result.optimizer_steps else []
+    rewards = [s.reward for s in samples]
+    columns = {**counts, "groups": len(grouping.usable), "trajectories": len(trained_ids), "samples": result.samples,
+               "tokens": result.loss_tokens, "loss": result.loss, "kl": result.kl,
+               "clip_fraction": result.clip_fraction,
+               "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+               # the signed mean of group-relative advantages is 0 by construction; the mean size says more
+               "mean_advantage": sum(abs(s.advantage) for s in samples) / len(samples) if samples else None,
+               "from_version_id": promoted.id if promoted else None}
+    if result.optimizer_steps == 0:
+        with connection.transaction():
+            _mark(connection, run_id, set_aside)
+            _finish_run(connection, run_id, "skipped", error="no trainable sample", columns=columns, metrics=metrics)
+        return RunOutcome("skipped", policy.name, run_id, error="no trainable sample", metrics=metrics)
+
+    with connection.cursor(row_factory=dict_row) as cursor:
+        number = cursor.execute("SELECT coalesce(max(version), 0) + 1 AS n FROM adapter_versions WHERE policy = %s",
+                                (policy.name,)).fetchone()["n"]
+    name = f"{policy.name}-v{number}"
+    out_dir = directory / name
+    if out_dir.exists():  # an orphan of a killed run (version rows always get a fresh number)
+        shutil.rmtree(out_dir)
+    save_adapter(peft_model, out_dir, policy.base_model)
+    config = json.loads((out_dir / "adapter_config.json").read_text())
+    version_id = str(uuid.uuid4())
+    metrics["duration_s"] = time.monotonic() - started
+    try:
+        with connection.transaction():
+            connection.execute(
+                "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, parent_version_id, "
+                "training_run_id, rank, alpha, target_modules) "
+                "VALUES (%s, %s, %s, %s, 'candidate', %s, %s, %s, %s, %s, %s, %s)",
+                (version_id, policy.name, number, name, policy.base_model, str(out_dir),
+                 promoted.id if promoted else None, run_id, int(config["r"]), float(config["lora_alpha"]),
+                 Jsonb(sorted(config.get("target_modules") or []))))
+            connection.execute(
+                "INSERT INTO adapter_transitions (adapter_version_id, policy, from_status, to_status, actor, reason) "
+                "VALUES (%s, %s, NULL, 'candidate', 'auto', %s)",
+                (version_id, policy.name, f"trained by learner run {run_id}"))
+            _mark(connection, run_id, trained_ids + set_aside)
+            _finish_run(connection, run_id, "succeeded", columns={**columns, "produced_version_id": version_id},
+                        metrics=metrics)
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    log.info("policy %s: run %s produced candidate %s (%d trajectories, %d groups, loss %.4f, %.1fs)", policy.name,
+             run_id, name, len(trained_ids), len(grouping.usable), result.loss, metrics["duration_s"])
+    return RunOutcome("succeeded", policy.name, run_id, version_id, name, str(out_dir), metrics=metrics)

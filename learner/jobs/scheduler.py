@@ -1,0 +1,98 @@
+"""`apprentice learner`: run each policy's learner on its schedule and on its trigger.
+
+Per policy, from `policies[].learning`:
+- `schedule`: seconds between runs, or a cron string (APScheduler's IntervalTrigger or
+  CronTrigger.from_crontab);
+- `min_new_groups`: every `trigger_poll_s`, count the groups of rewarded trajectories not yet
+  trained on, and run as soon as there are at least that many.
+All runs go through one worker thread, so two policies never train at once on this machine
+(they would share its CPU or GPU) and a slow run delays the next instead of piling up
+(max_instances=1, coalesce). Across machines, run_once's advisory lock keeps one learner per
+policy; a run that finds the lock taken returns "busy" and costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import psycopg
+
+from gateway.config import PolicySettings, Settings
+from learner.jobs.run import RunOutcome, _database_url, run_once
+from learner.jobs.selection import count_new_groups
+
+log = logging.getLogger(__name__)
+
+
+class Learner:
+    """The scheduled learner for every policy whose learning is enabled."""
+
+    def __init__(self, settings: Settings, policies: list[str] | None = None, database_url: str | None = None) -> None:
+        self.settings = settings
+        names = policies or [p.name for p in settings.policies]
+        self.policies: list[PolicySettings] = []
+        for name in names:
+            policy = settings.policy(name)
+            if policy is None:
+                raise ValueError(f"no policy named {name!r} in the configuration")
+            if policy.learning.enabled:
+                self.policies.append(policy)
+        self.url = _database_url(settings, database_url)
+        self._run_lock = threading.Lock()  # one training at a time on this machine
+        self.outcomes: list[RunOutcome] = []
+        self.scheduler: Any = None
+
+    def run(self, policy: str, trigger: str) -> RunOutcome | None:
+        with self._run_lock:
+            outcome = run_once(self.settings, policy, trigger=trigger, database_url=self.url)
+        self.outcomes.append(outcome)
+        log.info("learner %s (%s): %s%s", policy, trigger, outcome.status,
+                 f" -> {outcome.version_name}" if outcome.version_name else
+                 (f" ({outcome.error})" if outcome.error else ""))
+        return outcome
+
+    def check_trigger(self, policy: PolicySettings) -> RunOutcome | None:
+        """Run if at least `min_new_groups` groups of rewarded, untrained trajectories wait."""
+        wanted = policy.learning.min_new_groups
+        if wanted is None:
+            return None
+        with psycopg.connect(self.url, autocommit=True) as connection:
+            waiting = count_new_groups(connection, policy.name, policy.learning)
+        if waiting < wanted:
+            return None
+        return self.run(policy.name, f"min_new_groups:{waiting}")
+
+    def build(self, blocking: bool = True) -> Any:
+        """An APScheduler scheduler with this learner's jobs (not started)."""
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.schedulers.background import BackgroundScheduler
+        from apscheduler.schedulers.blocking import BlockingScheduler
+        from apscheduler.triggers.cron import CronTrigger
+        from apscheduler.triggers.interval import IntervalTrigger
+
+        cls = BlockingScheduler if blocking else BackgroundScheduler
+        scheduler = cls(executors={"default": ThreadPoolExecutor(1)},
+                        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+        for policy in self.policies:
+            learning = policy.learning
+            schedule = learning.schedule
+            if schedule is not None:
+                trigger = (IntervalTrigger(seconds=float(schedule)) if isinstance(schedule, (int, float))
+                           else CronTrigger.from_crontab(schedule))
+                scheduler.add_job(self.run, trigger, args=[policy.name, "schedule"], id=f"schedule:{policy.name}",
+                                  name=f"learner {policy.name} (schedule)")
+            if learning.min_new_groups is not None:
+                scheduler.add_job(self.check_trigger, IntervalTrigger(seconds=learning.trigger_poll_s),
+                                  args=[policy], id=f"trigger:{policy.name}",
+                                  name=f"learner {policy.name} (>= {learning.min_new_groups} new groups)")
+        self.scheduler = scheduler
+        return scheduler
+
+    def start(self, blocking: bool = True) -> Any:
+        scheduler = self.build(blocking)
+        if not scheduler.get_jobs():
+            log.warning("no policy has a learning schedule or trigger; nothing to do")
+        scheduler.start()
+        return scheduler

@@ -1,0 +1,209 @@
+"""Which trajectories a learner run trains on, read from PostgreSQL.
+
+Rewarded trajectories of the policy (current reward of the configured name), not trained on
+yet, not merged into another, whose last call is within `max_age_s`; newest first, at most
+`max_trajectories`. Each trajectory's calls are read in order and checked:
+
+- Served by this policy's own base model: every answered call went to the base model itself
+  (`upstream_model` = the policy's `base_model`, adapter version NULL) or to one of the
+  policy's adapter versions of that base (`adapter_version_id`, or an `upstream_model` equal
+  to a version's LoRA name). A call that went elsewhere (another model family, e.g. a
+  fallback to a hosted model) makes the trajectory no GRPO data: its tokens are not this
+  model's, and its logprobs mean nothing here. Such trajectories are left untouched (kept for
+  later uses such as distillation) and counted.
+- Recent unrewarded trajectories are read too, only to learn their groups: a group whose
+  rewards are still arriving waits (see grouping.classify).
+
+Pure reads, no locks: the run's advisory lock keeps other learners of the policy away, and
+rows this reads may change meanwhile without harm (a late reward is used next time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from learner.grpo.grouping import Member, completion_key, is_greedy, task_key
+from learner.grpo.tokens import CallRecord, TokenizationError, parse_call
+
+_REWARDED = """
+SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at)::float8 AS last_call_at,
+       r.value AS reward
+FROM trajectories t
+JOIN rewards r ON r.trajectory_id = t.id AND r.name = %(reward_name)s AND r.status = 'linked'
+              AND r.superseded_at IS NULL
+WHERE t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL
+  AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
+ORDER BY t.last_call_at DESC
+LIMIT %(limit)s
+"""
+
+# Unrewarded recent trajectories: only their group matters (is the group still filling up?).
+_WAITING = """
+SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at)::float8 AS last_call_at,
+       fc.request
+FROM trajectories t
+LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
+                   ORDER BY c.created_at, c.id LIMIT 1) fc ON true
+WHERE t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL
+  AND t.last_call_at >= now() - make_interval(secs => %(wait_s)s)
+  AND NOT EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id AND r.name = %(reward_name)s
+                  AND r.status = 'linked' AND r.superseded_at IS NULL)
+LIMIT %(limit)s
+"""
+
+_CALLS = """
+SELECT c.trajectory_id::text AS trajectory_id, c.status_code, c.upstream_model, c.adapter_version_id::text AS version,
+       c.temperature, c.request, c.response
+FROM calls c WHERE c.trajectory_id = ANY(%(ids)s::uuid[])
+ORDER BY c.trajectory_id, c.created_at, c.id
+"""
+
+_VERSIONS = """
+SELECT id::text AS id, name, status, base_model, path, files_deleted_at IS NOT NULL AS files_deleted
+FROM adapter_versions WHERE policy = %(policy)s
+"""
+
+
+@dataclass
+class Version:
+    id: str
+    name: str
+    status: str
+    base_model: str
+    path: str
+    files_deleted: bool
+
+
+@dataclass
+class Candidate:
+    """A rewarded trajectory that may train: its calls parsed, its grouping facts."""
+
+    member: Member
+    calls: list[CallRecord]
+
+
+@dataclass
+class Selection:
+    now: float
+    candidates: dict[str, Candidate] = field(default_factory=dict)
+    waiting: list[Member] = field(default_factory=list)
+    versions: dict[str, Version] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def members(self) -> list[Member]:
+        return [c.member for c in self.candidates.values()] + self.waiting
+
+    def version_paths(self) -> dict[str, str]:
+        """Saved weights of every version that may have sampled data (for behaviour logprobs)."""
+        return {v.id: v.path for v in self.versions.values() if not v.files_deleted}
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+
+def served_by(row: dict[str, Any], base_model: str, versions: dict[str, Version]) -> tuple[bool, str | None]:
+    """(of this policy's model family?, adapter version id or None for the base) for one call."""
+    if row["version"]:
+        version = versions.get(row["version"])
+        return (version is not None and version.base_model == base_model), row["version"]
+    if row["upstream_model"] == base_model:
+        return True, None
+    for version in versions.values():
+        if version.name == row["upstream_model"] and version.base_model == base_model:
+            return True, version.id
+    return False, None
+
+
+def _answer_key(call: CallRecord) -> Any:
+    if call.completion_ids:
+        return call.completion_ids
+    return [call.answer.get("content"), call.answer.get("tool_calls")]
+
+
+def build_candidate(trajectory: dict[str, Any], rows: list[dict[str, Any]], base_model: str,
+                    versions: dict[str, Version]) -> tuple[Candidate | None, str | None]:
+    """A trajectory and its calls rows -> a Candidate, or None and the reason it cannot train."""
+    answered = [r for r in rows if r["status_code"] == 200 and r["response"]]
+    if not answered:
+        return None, "no_answered_calls"
+    calls: list[CallRecord] = []
+    for index, row in enumerate(answered):
+        family, version = served_by(row, base_model, versions)
+        if not family:
+            return None, "other_model"
+        following = answered[index + 1]["request"] if index + 1 < len(answered) else None
+        try:
+            calls.append(parse_call(row["request"], row["response"], row["temperature"], version, following))
+        except TokenizationError:
+            return None, "unreadable_call"
+    first = answered[0]["request"]
+    member = Member(
+        trajectory_id=trajectory["id"], tenant=trajectory["tenant"], reward=trajectory["reward"],
+        group_id=trajectory["group_id"], task_key=task_key(first.get("messages") or [], first.get("tools")),
+        greedy=any(is_greedy(r["temperature"]) for r in answered),
+        completion_key=completion_key(_answer_key(c) for c in calls), last_call_at=trajectory["last_call_at"])
+    return Candidate(member, calls), None
+
+
+def load_versions(connection: psycopg.Connection, policy: str) -> dict[str, Version]:
+    with connection.cursor(row_factory=dict_row) as cursor:
+        cursor.execute(_VERSIONS, {"policy": policy})
+        return {r["id"]: Version(**r) for r in cursor.fetchall()}
+
+
+def select(connection: psycopg.Connection, policy: str, base_model: str, learning: Any) -> Selection:
+    """Read the candidates of one learner run (see the module docstring)."""
+    with connection.cursor(row_factory=dict_row) as cursor:
+        cursor.execute("SELECT extract(epoch FROM now())::float8 AS now")
+        selection = Selection(now=cursor.fetchone()["now"])
+        selection.versions = load_versions(connection, policy)
+        params = {"policy": policy, "reward_name": learning.reward_name, "max_age_s": learning.max_age_s,
+                  "limit": learning.max_trajectories, "wait_s": learning.reward_wait_s}
+        cursor.execute(_REWARDED, params)
+        trajectories = cursor.fetchall()
+        cursor.execute(_CALLS, {"ids": [t["id"] for t in trajectories]})
+        calls: dict[str, list[dict[str, Any]]] = {}
+        for row in cursor.fetchall():
+            calls.setdefault(row["trajectory_id"], []).append(row)
+        for trajectory in trajectories:
+            candidate, reason = build_candidate(trajectory, calls.get(trajectory["id"], []), base_model,
+                                                selection.versions)
+            if candidate is None:
+                selection.skip(reason or "unknown")
+            else:
+                selection.candidates[trajectory["id"]] = candidate
+        if learning.reward_wait_s > 0:
+            cursor.execute(_WAITING, params)
+            for row in cursor.fetchall():
+                request = row["request"] or {}
+                selection.waiting.append(Member(
+                    trajectory_id=row["id"], tenant=row["tenant"], reward=None, group_id=row["group_id"],
+                    task_key=task_key(request.get("messages") or [], request.get("tools")),
+                    last_call_at=row["last_call_at"]))
+    return selection
+
+
+_NEW_GROUPS = """
+SELECT count(DISTINCT coalesce('g:' || t.group_id, 't:' || md5(coalesce(fc.request->'messages', 'null'::jsonb)::text
+                                                          || coalesce(fc.request->'tools', 'null'::jsonb)::text)))
+FROM trajectories t
+JOIN rewards r ON r.trajectory_id = t.id AND r.name = %(reward_name)s AND r.status = 'linked'
+              AND r.superseded_at IS NULL
+LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
+                   ORDER BY c.created_at, c.id LIMIT 1) fc ON true
+WHERE t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL
+  AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
+"""
+
+
+def count_new_groups(connection: psycopg.Connection, policy: str, learning: Any) -> int:
+    """About how many groups of rewarded, untrained trajectories wait (cheap; for the trigger)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_NEW_GROUPS, {"policy": policy, "reward_name": learning.reward_name,
+                                     "max_age_s": learning.max_age_s})
+        return int(cursor.fetchone()[0])
