@@ -21,6 +21,7 @@ from starlette.routing import Match
 from gateway import __version__
 from gateway.config import Settings
 from gateway.endpoints import operations
+from gateway.endpoints.admin import routes as admin_routes
 from gateway.endpoints.rewards import routes as rewards_routes
 from gateway.endpoints.trajectories import routes as trajectories_routes
 from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
@@ -56,6 +57,7 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
     app.include_router(operations.router)
     app.include_router(rewards_routes.router)
     app.include_router(trajectories_routes.router)
+    app.include_router(admin_routes.router)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_: Request, error: GatewayError) -> Response:

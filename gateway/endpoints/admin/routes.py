@@ -1,0 +1,175 @@
+"""/v1/admin/...: adapter promotion for operators (admin key). See docs/operations-promotion.md.
+
+Every action is idempotent: asking for the status a version already has answers 200 with
+`changed: false`. A transition that the version's status does not allow answers 409 naming
+the status; an adapter that an endpoint would not load answers 502 naming the endpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+import orjson
+from fastapi import APIRouter, Query, Request, Response
+
+from gateway.endpoints.admin.protocol import (ActionIn, ActionOut, PolicyListOut, PolicyOut, PolicyStateOut,
+                                              PromoteIn, RollbackIn, VersionDetailOut, VersionListOut)
+from gateway.http.errors import GatewayError
+from gateway.state import GatewayState
+from learner.promotion import service
+from learner.promotion.lifecycle import TransitionError, VersionNotFound
+from learner.promotion.loading import LoadError
+
+router = APIRouter(tags=["admin"])
+
+VERSION_FIELDS = ("id", "policy", "version", "name", "status", "base_model", "path", "parent_version_id",
+                  "training_run_id", "rank", "alpha", "target_modules", "canary_share", "gates", "evaluation",
+                  "files_deleted_at", "created_at", "updated_at")
+
+
+def _state(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+def _json(content: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS), status_code=status,
+                    media_type="application/json")
+
+
+def _version(row: dict[str, Any]) -> dict[str, Any]:
+    return {"object": "adapter_version", **{k: row.get(k) for k in VERSION_FIELDS}}
+
+
+def _brief(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row.get(k) for k in ("id", "name", "version", "status", "canary_share")}
+
+
+async def _guard(call: Callable[[], Awaitable[Any]]) -> Any:
+    """Run a promotion call, turning its errors into OpenAI-format gateway errors."""
+    try:
+        return await call()
+    except VersionNotFound as exc:
+        raise GatewayError(404, str(exc), param="version", code="version_not_found") from None
+    except service.PolicyNotConfigured as exc:
+        raise GatewayError(404, str(exc), param="policy", code="policy_not_found") from None
+    except TransitionError as exc:
+        raise GatewayError(409, str(exc), code="illegal_transition") from None
+    except LoadError as exc:
+        raise GatewayError(502, str(exc), code="adapter_load_failed") from None
+
+
+def _action(result: service.ActionResult) -> Response:
+    transition = result.transition
+    return _json({
+        "object": "adapter_version.transition", "changed": transition.changed,
+        "from_status": transition.from_status, "version": _version(transition.version),
+        "retired": [_brief(v) for v in transition.side_effects],
+        "endpoints": [{"endpoint": e.endpoint, "action": e.action, "attempts": e.attempts} for e in result.endpoints],
+        "gates": result.gates.as_json() if result.gates is not None else None,
+    })
+
+
+async def _admin(request: Request) -> tuple[GatewayState, str]:
+    state = _state(request)
+    key = await state.authenticate(request.scope, admin=True)
+    return state, key.name
+
+
+@router.get("/v1/admin/policies", response_model=PolicyListOut, summary="Policies with their serving versions",
+            description="Every configured policy: its promoted and canary versions, waiting candidates, "
+                        "promotion settings and whether learning is paused.")
+async def list_policies(request: Request) -> Response:
+    state, _ = await _admin(request)
+    return _json({"object": "list", "data": await service.list_policies(state.engine, state.settings)})
+
+
+@router.get("/v1/admin/policies/{policy}", response_model=PolicyOut, summary="One policy")
+async def get_policy(request: Request, policy: str) -> Response:
+    state, _ = await _admin(request)
+    for entry in await service.list_policies(state.engine, state.settings):
+        if entry["name"] == policy:
+            return _json({"object": "policy", **entry})
+    raise GatewayError(404, f"policy {policy!r} is not configured", param="policy", code="policy_not_found")
+
+
+@router.get("/v1/admin/policies/{policy}/versions", response_model=VersionListOut,
+            summary="A policy's adapter versions, newest first")
+async def list_versions(request: Request, policy: str,
+                        status: str | None = Query(None, pattern="^(candidate|canary|promoted|retired|rejected)$")
+                        ) -> Response:
+    state, _ = await _admin(request)
+    rows = await _guard(lambda: service.list_versions(state.engine, state.settings, policy, status))
+    return _json({"object": "list", "data": [_version(row) for row in rows]})
+
+
+@router.get("/v1/admin/versions/{version}", response_model=VersionDetailOut,
+            summary="One adapter version: training run, gates, canary statistics, transitions",
+            description="`version` is the id or the LoRA name. For a canary, `evaluation` is computed now: "
+                        "both arms' reward statistics, the interval on the difference, the verdict and what an "
+                        "automatic policy would do.")
+async def get_version(request: Request, version: str) -> Response:
+    state, _ = await _admin(request)
+    detail = await _guard(lambda: service.version_detail(state.engine, state.settings, version))
+    body = _version(detail)
+    body["training_run"] = detail["training_run"]
+    body["transitions"] = [{k: t[k] for k in ("id", "from_status", "to_status", "actor", "reason", "created_at")}
+                           for t in detail["transitions"]]
+    return _json(body)
+
+
+@router.post("/v1/admin/versions/{version}/approve", response_model=ActionOut, summary="Approve a version",
+             description="A candidate becomes the canary (its gates must pass); a canary is promoted. The adapter "
+                         "is loaded and verified at every endpoint of the policy before the status changes.")
+async def approve(request: Request, version: str, body: ActionIn | None = None) -> Response:
+    state, actor = await _admin(request)
+    reason = body.reason if body else None
+    return _action(await _guard(lambda: service.approve(state.engine, state.settings, version, actor=actor,
+                                                        reason=reason)))
+
+
+@router.post("/v1/admin/versions/{version}/reject", response_model=ActionOut, summary="Reject a version",
+             description="A candidate or a canary is rejected; a canary stops receiving new trajectories within "
+                         "a poll interval (running trajectories finish on it).")
+async def reject(request: Request, version: str, body: ActionIn | None = None) -> Response:
+    state, actor = await _admin(request)
+    reason = body.reason if body else None
+    return _action(await _guard(lambda: service.reject(state.engine, state.settings, version, actor=actor,
+                                                       reason=reason)))
+
+
+@router.post("/v1/admin/versions/{version}/promote", response_model=ActionOut, summary="Promote now",
+             description="Promote a candidate, canary or retired version at once; the promoted one is retired. "
+                         "A candidate must pass its gates unless `force` is true.")
+async def promote(request: Request, version: str, body: PromoteIn | None = None) -> Response:
+    state, actor = await _admin(request)
+    reason, force = (body.reason, body.force) if body else (None, False)
+    return _action(await _guard(lambda: service.promote_now(state.engine, state.settings, version, actor=actor,
+                                                            reason=reason, force=force)))
+
+
+@router.post("/v1/admin/policies/{policy}/rollback", response_model=ActionOut, summary="Roll back to a version",
+             description="Promote a retired version of the policy again (loaded first; refused if its files "
+                         "were deleted). The promoted version is retired and stays loaded for the grace period.")
+async def rollback(request: Request, policy: str, body: RollbackIn) -> Response:
+    state, actor = await _admin(request)
+    ref = body.version_id if body.version_id is not None else str(body.version)
+    return _action(await _guard(lambda: service.rollback(state.engine, state.settings, policy, ref, actor=actor,
+                                                         reason=body.reason)))
+
+
+async def _pause(request: Request, policy: str, paused: bool) -> Response:
+    state, actor = await _admin(request)
+    row = await _guard(lambda: service.set_paused(state.engine, state.settings, policy, paused, actor=actor))
+    return _json({"object": "policy_state", **row})
+
+
+@router.post("/v1/admin/policies/{policy}/pause", response_model=PolicyStateOut, summary="Pause learning",
+             description="No training runs, automatic canary starts or promotions for the policy until resumed; "
+                         "a significantly worse canary is still rejected. Serving is unchanged.")
+async def pause(request: Request, policy: str) -> Response:
+    return await _pause(request, policy, True)
+
+
+@router.post("/v1/admin/policies/{policy}/resume", response_model=PolicyStateOut, summary="Resume learning")
+async def resume(request: Request, policy: str) -> Response:
+    return await _pause(request, policy, False)

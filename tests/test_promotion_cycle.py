@@ -1,0 +1,378 @@
+"""The full promotion cycle against real processes: the local inference server (a tiny random
+model with real PEFT adapters), two gateway processes and PostgreSQL.
+
+The test process plays the learner: it records training runs and candidate versions the way
+the learner does and runs `promotion_tick`, the periodic job. Operators act through the
+admin API. Background load runs through both gateways during every switch: no call may
+fail, and every call a client saw must be recorded with the version that served it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from gateway.config import Settings
+from gateway.store.engine import make_async_engine
+from learner.promotion import service
+from tests.conftest import wait_for
+from tests.support.processes import ManagedProcess, free_port, wait_http
+
+ADMIN_KEY = "sk-admin-promotion-test"
+AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+class LocalServerProcess(ManagedProcess):
+    """`apprentice serve-model` on a free port."""
+
+    def __init__(self, workdir: Path, model_dir: Path) -> None:
+        self.port = free_port()
+        super().__init__([sys.executable, "-m", "gateway.cli", "serve-model", "--model", str(model_dir),
+                          "--served-model-name", "tiny", "--port", str(self.port), "--threads", "1",
+                          "--max-lora-rank", "8", "--default-max-tokens", "4", "--log-level", "warning"],
+                         workdir / f"serve-model-{self.port}.log")
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> None:
+        super().start()
+        wait_http(f"http://127.0.0.1:{self.port}/health", timeout=120, process=self.process)
+
+    def models(self) -> dict[str, str | None]:
+        return {m["id"]: m.get("root") for m in httpx.get(f"{self.api_base}/models", timeout=30).json()["data"]}
+
+
+@dataclass
+class Models:
+    base: Path
+    adapters: dict[int, Path]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Models:
+    """A tiny random Llama with SmolLM2's tokenizer, and three LoRA adapters that change its outputs."""
+    from learner.models import fetch_default_model
+    from tests.learner.conftest import make_adapter
+    from tests.learner.tiny_model import build_tiny_model
+
+    root = tmp_path_factory.mktemp("promotion-models")
+    base = build_tiny_model(root / "base", tokenizer_dir=fetch_default_model())
+    return Models(base, {seed: make_adapter(base, root / f"adapter-{seed}", seed=seed) for seed in (1, 2, 3)})
+
+
+@pytest.fixture(scope="module")
+def local_server(tiny: Models, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServerProcess]:
+    server = LocalServerProcess(tmp_path_factory.mktemp("serve-model"), tiny.base)
+    server.start()
+    yield server
+    server.stop()
+
+
+def policy_config(name: str, server: LocalServerProcess, **promotion: Any) -> dict[str, Any]:
+    return {"name": name, "base_model": "tiny", "endpoints": [server.api_base], "temperature": 1.0,
+            "promotion": {"canary_share": 0.5, "min_samples": 6, "unload_grace_s": 30, **promotion}}
+
+
+def start_gateways(start_gateway, tmp_path: Path, policy: dict[str, Any], count: int) -> list[Any]:
+    return [start_gateway(data_dir=tmp_path / f"gateway-{i}", policies=[policy], adapter_poll_interval_s=0.2,
+                          auth={"mode": "keys", "admin_key": ADMIN_KEY}) for i in range(count)]
+
+
+def add_candidate(db, policy: str, number: int, path: Path, *, loss: float = 0.31, kl: float = 0.02) -> uuid.UUID:
+    """What the learner writes when a run ends: the run (succeeded) and its candidate version."""
+    run_id, version_id = uuid.uuid4(), uuid.uuid4()
+    db.execute("INSERT INTO training_runs (id, policy, status, loss, kl, finished_at, produced_version_id) "
+               "VALUES (%s, %s, 'succeeded', %s, %s, now(), %s)", (run_id, policy, loss, kl, version_id))
+    db.execute("INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, training_run_id, "
+               "rank, alpha) VALUES (%s, %s, %s, %s, 'candidate', 'tiny', %s, %s, 8, 16)",
+               (version_id, policy, number, f"{policy}-v{number}", str(path), run_id))
+    return version_id
+
+
+def status_of(db, version_id: uuid.UUID) -> str:
+    return db.execute("SELECT status FROM adapter_versions WHERE id = %s", (version_id,)).fetchone()[0]
+
+
+def tick(database_url: str, policy: dict[str, Any], now: datetime | None = None) -> service.TickReport:
+    """One pass of the promotion job, as the learner's scheduler runs it."""
+    settings = Settings(database_url=database_url, policies=[policy])
+
+    async def once() -> service.TickReport:
+        engine = make_async_engine(database_url)
+        try:
+            return await service.promotion_tick(engine, settings, now=now)
+        finally:
+            await engine.dispose()
+
+    report = asyncio.run(once())
+    assert not report.errors, report.errors
+    return report
+
+
+@dataclass
+class Run:
+    trajectory_id: str
+    served: list[str]
+    call_ids: list[str]
+
+
+_counter = itertools.count()
+
+
+def run_task(gateways: list[Any], policy: str, task: str, turns: int = 2) -> Run:
+    """An agent run of `turns` calls, alternating between the gateway processes."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+    served, ids, trajectory = [], [], None
+    start = next(_counter)
+    for turn in range(turns):
+        gateway = gateways[(start + turn) % len(gateways)]
+        response = httpx.post(f"{gateway.base_url}/chat/completions", headers=AUTH, timeout=120,
+                              json={"model": policy, "messages": messages, "max_tokens": 4})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        served.append(body["model"])
+        ids.append(response.headers["x-apprentice-call-id"])
+        trajectory = trajectory or response.headers["x-trajectory-id"]
+        answer = {k: v for k, v in body["choices"][0]["message"].items() if v is not None}
+        messages += [answer, {"role": "user", "content": f"and then? {turn}"}]
+    assert trajectory is not None
+    return Run(trajectory, served, ids)
+
+
+def post_rewards(gateway: Any, rewards: list[tuple[str, float]]) -> None:
+    response = httpx.post(f"{gateway.base_url}/rewards", headers=AUTH, timeout=60,
+                          json={"rewards": [{"trajectory_id": t, "reward": v} for t, v in rewards]})
+    assert response.status_code == 200, response.text
+
+
+def linked(db, trajectory_ids: list[str]) -> int:
+    return db.execute("SELECT count(*) FROM rewards WHERE status = 'linked' AND trajectory_id = ANY(%s::uuid[])",
+                      ([uuid.UUID(t) for t in trajectory_ids],)).fetchone()[0]
+
+
+def admin(gateway: Any, method: str, path: str, json: Any = None) -> httpx.Response:
+    return httpx.request(method, f"{gateway.base_url}/admin{path}", headers=AUTH, json=json, timeout=120)
+
+
+class BackgroundLoad:
+    """Calls through every gateway until stopped (a third streamed); remembers each call it saw."""
+
+    def __init__(self, gateways: list[Any], policy: str, concurrency: int = 2) -> None:
+        self.gateways, self.policy, self.concurrency = gateways, policy, concurrency
+        self.seen: list[tuple[str, str]] = []  # (call id, served model)
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    def __enter__(self) -> "BackgroundLoad":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    async def _one(self, client: httpx.AsyncClient, gateway: Any, i: int) -> None:
+        body = {"model": self.policy, "max_tokens": 3, "messages": [{"role": "user", "content": f"background {i}"}]}
+        if i % 3 == 0:
+            body["stream"] = True
+            async with client.stream("POST", f"{gateway.base_url}/chat/completions", json=body) as response:
+                data = b"".join([chunk async for chunk in response.aiter_bytes()])
+                if response.status_code != 200 or not data.rstrip().endswith(b"data: [DONE]"):
+                    self.failures.append(f"stream {response.status_code}: {data[-300:]!r}")
+                    return
+                model = next(line for line in data.split(b"\n") if line.startswith(b"data: {"))
+                import orjson
+
+                self.seen.append((response.headers["x-apprentice-call-id"], orjson.loads(model[6:])["model"]))
+            return
+        response = await client.post(f"{gateway.base_url}/chat/completions", json=body)
+        if response.status_code != 200:
+            self.failures.append(f"{response.status_code}: {response.text[:300]}")
+            return
+        self.seen.append((response.headers["x-apprentice-call-id"], response.json()["model"]))
+
+    async def _worker(self, worker: int) -> None:
+        async with httpx.AsyncClient(headers=AUTH, timeout=120) as client:
+            for i in itertools.count(worker * 100_000):
+                if self._stop.is_set():
+                    return
+                try:
+                    await self._one(client, self.gateways[i % len(self.gateways)], i)
+                except Exception as exc:  # a connection error is a failed call too
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(0.02)
+
+    async def _main(self) -> None:
+        await asyncio.gather(*(self._worker(w) for w in range(self.concurrency)))
+
+
+def canary_round(db, gateways, policy: str, names: tuple[str, str], canary_reward: float,
+                 incumbent_reward: float, rng: random.Random, min_each: int = 8) -> list[Run]:
+    """Runs until both arms have `min_each` runs; rewards them (canary vs incumbent) by POST /v1/rewards."""
+    runs: list[Run] = []
+    while min(sum(r.served[0] == name for r in runs) for name in names) < min_each:
+        assert len(runs) < 80, f"the split never filled both arms: {[r.served[0] for r in runs]}"
+        runs.append(run_task(gateways, policy, f"task {uuid.uuid4().hex[:8]}: name a colour"))
+    assert all(len(set(r.served)) == 1 for r in runs), "every run stays on the version of its first call"
+    assert {r.served[0] for r in runs} == set(names)
+    rewards = [(r.trajectory_id, (canary_reward if r.served[0] == names[0] else incumbent_reward)
+                + rng.uniform(-0.05, 0.05)) for r in runs]
+    post_rewards(gateways[0], rewards)
+    wait_for(lambda: linked(db, [r.trajectory_id for r in runs]) == len(runs), timeout=30, message="rewards linked")
+    return runs
+
+
+def routes_to(gateways: list[Any], policy: str, name: str) -> None:
+    """Within a few seconds, every gateway sends new runs to `name`."""
+    def all_there() -> bool:
+        return all(run_task([g], policy, f"probe {uuid.uuid4().hex[:6]}", turns=1).served == [name]
+                   for g in gateways)
+
+    wait_for(all_there, timeout=10, interval=0.2, message=f"every gateway on {name}")
+    for gateway in gateways:  # and stays there
+        assert {run_task([gateway], policy, f"check {i}", turns=1).served[0] for i in range(3)} == {name}
+
+
+def test_full_cycle(start_gateway, local_server, tiny, db, database_url, tmp_path):
+    rng = random.Random(11)
+    policy = policy_config("agent", local_server)
+    gateways = start_gateways(start_gateway, tmp_path, policy, count=2)
+
+    # v1: an admin promotes it at once (loaded at the endpoint first, then serving).
+    v1 = add_candidate(db, "agent", 1, tiny.adapters[1])
+    answer = admin(gateways[0], "POST", "/versions/agent-v1/promote", {"reason": "first adapter"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["endpoints"] == [{"endpoint": local_server.api_base, "action": "loaded", "attempts": 1}]
+    assert admin(gateways[1], "POST", f"/versions/{v1}/promote").json()["changed"] is False  # idempotent
+    assert "agent-v1" in local_server.models()
+    routes_to(gateways, "agent", "agent-v1")
+
+    with BackgroundLoad(gateways, "agent") as load:
+        # The learner finishes a run: v2 becomes the canary at half the new trajectories.
+        v2 = add_candidate(db, "agent", 2, tiny.adapters[2])
+        report = tick(database_url, policy)
+        assert ("agent-v2", "canary") in {(a["version"], a["action"]) for a in report.actions}
+        assert "agent-v2" in local_server.models()
+        time.sleep(0.6)  # every gateway polls the serving versions every 0.2 s
+        runs = canary_round(db, gateways, "agent", ("agent-v2", "agent-v1"), 0.9, 0.2, rng)
+        share = sum(r.served[0] == "agent-v2" for r in runs) / len(runs)
+        assert 0.2 <= share <= 0.8, f"canary share {share:.2f} of {len(runs)} runs, configured 0.5"
+        policies = admin(gateways[1], "GET", "/policies").json()["data"]
+        assert policies[0]["promoted"]["name"] == "agent-v1" and policies[0]["canary"]["name"] == "agent-v2"
+
+        # The canary wins: promoted by the job; both gateways move to it.
+        report = tick(database_url, policy)
+        assert status_of(db, v2) == "promoted" and status_of(db, v1) == "retired", report.actions
+        routes_to(gateways, "agent", "agent-v2")
+
+        # An operator rolls back: v1 serves again everywhere.
+        back = admin(gateways[1], "POST", "/policies/agent/rollback", {"version": 1, "reason": "drill"})
+        assert back.status_code == 200, back.text
+        assert back.json()["changed"] and [v["name"] for v in back.json()["retired"]] == ["agent-v2"]
+        routes_to(gateways, "agent", "agent-v1")
+
+        # A regressed candidate reaches the canary, loses, and is rejected by the job.
+        v3 = add_candidate(db, "agent", 3, tiny.adapters[3])
+        tick(database_url, policy)
+        assert status_of(db, v3) == "canary"
+        time.sleep(0.6)
+        canary_round(db, gateways, "agent", ("agent-v3", "agent-v1"), 0.1, 0.7, rng)
+        # meanwhile a run that diverged (NaN loss) produced v4: it never serves.
+        v4 = add_candidate(db, "agent", 4, tiny.adapters[2], loss=float("nan"))
+        report = tick(database_url, policy)
+        assert status_of(db, v3) == "rejected" and status_of(db, v4) == "rejected", report.actions
+        assert status_of(db, v1) == "promoted"
+        routes_to(gateways, "agent", "agent-v1")
+        assert len(load.seen) > 20
+
+    assert load.failures == [], load.failures[:5]
+    assert "agent-v4" not in local_server.models()
+    transitions = db.execute("SELECT v.name, t.to_status, t.actor FROM adapter_transitions t JOIN adapter_versions v "
+                             "ON v.id = t.adapter_version_id ORDER BY t.id").fetchall()
+    assert transitions == [("agent-v1", "promoted", "admin"), ("agent-v2", "canary", "auto"),
+                           ("agent-v1", "retired", "auto"), ("agent-v2", "promoted", "auto"),
+                           ("agent-v2", "retired", "admin"), ("agent-v1", "promoted", "admin"),
+                           ("agent-v3", "canary", "auto"), ("agent-v4", "rejected", "auto"),
+                           ("agent-v3", "rejected", "auto")]
+
+    # Every call a client saw is recorded, naming the version that served it.
+    names = dict(db.execute("SELECT id::text, name FROM adapter_versions").fetchall())
+    seen = dict(load.seen)
+    recorded = wait_for(lambda: (rows := db.execute(
+        "SELECT id::text, adapter_version_id::text, upstream_model, status_code FROM calls WHERE id = ANY(%s::uuid[])",
+        (list(seen),)).fetchall()) and len(rows) == len(seen) and rows, timeout=30, message="all calls recorded")
+    assert {row[3] for row in recorded} == {200}
+    assert all(names[row[1]] == row[2] == seen[row[0]] for row in recorded)
+    assert {seen[c] for c in seen} >= {"agent-v1", "agent-v2"}, "the load ran across the switches"
+
+    # The reconciler: an endpoint that lost the promoted adapter (restart) gets it back; versions that
+    # stopped serving are unloaded once the grace period is over.
+    assert httpx.post(f"{local_server.api_base}/unload_lora_adapter", json={"lora_name": "agent-v1"}).status_code == 200
+    tick(database_url, policy)
+    assert {"agent-v1", "agent-v2", "agent-v3"} <= set(local_server.models())
+    tick(database_url, policy, now=datetime.now(timezone.utc) + timedelta(seconds=60))
+    assert {m for m in local_server.models() if m.startswith("agent-")} == {"agent-v1"}
+
+
+def test_reviewed_policy_waits_for_the_admin(start_gateway, local_server, tiny, db, database_url, tmp_path):
+    rng = random.Random(7)
+    policy = policy_config("reviewer", local_server, mode="reviewed", min_samples=4)
+    gateway = start_gateways(start_gateway, tmp_path, policy, count=1)[0]
+    add_candidate(db, "reviewer", 1, tiny.adapters[1])
+    assert admin(gateway, "POST", "/versions/reviewer-v1/promote").status_code == 200
+    v2 = add_candidate(db, "reviewer", 2, tiny.adapters[3])
+    tick(database_url, policy)
+    assert status_of(db, v2) == "canary"
+    time.sleep(0.6)
+    canary_round(db, [gateway], "reviewer", ("reviewer-v2", "reviewer-v1"), 0.8, 0.3, rng, min_each=5)
+
+    report = tick(database_url, policy)
+    assert status_of(db, v2) == "canary", "a reviewed policy never promotes by itself"
+    assert ("reviewer-v2", "awaiting_review") in {(a["version"], a["action"]) for a in report.actions}
+    detail = admin(gateway, "GET", "/versions/reviewer-v2").json()
+    assert detail["status"] == "canary" and detail["training_run"]["status"] == "succeeded"
+    assert detail["gates"]["outcome"] == "pass"
+    evaluation = detail["evaluation"]
+    assert evaluation["verdict"] == "better" and evaluation["decision"] == "review"
+    assert evaluation["canary"]["n"] >= 5 and evaluation["interval"]["low"] > 0
+    assert [t["to_status"] for t in detail["transitions"]] == ["canary"]
+
+    # Errors: OpenAI format, 404 for unknown versions, 409 naming the current status.
+    missing = admin(gateway, "POST", "/versions/reviewer-v9/approve")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "version_not_found"
+    conflict = admin(gateway, "POST", "/policies/reviewer/rollback", {"version": 2})
+    assert conflict.status_code == 409 and "reviewer-v2 is canary" in conflict.json()["error"]["message"]
+    assert httpx.get(f"{gateway.base_url}/admin/policies", timeout=30,
+                     headers={"Authorization": "Bearer nope"}).status_code == 401
+
+    paused = admin(gateway, "POST", "/policies/reviewer/pause")
+    assert paused.status_code == 200 and paused.json()["learning_paused"] is True
+    assert admin(gateway, "GET", "/policies/reviewer").json()["learning_paused"] is True
+    assert admin(gateway, "POST", "/policies/reviewer/resume").json()["learning_paused"] is False
+
+    approved = admin(gateway, "POST", "/versions/reviewer-v2/approve", {"reason": "rewards look better"})
+    assert approved.status_code == 200, approved.text
+    assert approved.json()["changed"] and approved.json()["version"]["status"] == "promoted"
+    assert admin(gateway, "POST", "/versions/reviewer-v2/approve").json()["changed"] is False
+    routes_to([gateway], "reviewer", "reviewer-v2")
+    actors = db.execute("SELECT v.name, t.to_status, t.actor, t.reason FROM adapter_transitions t JOIN "
+                        "adapter_versions v ON v.id = t.adapter_version_id WHERE t.to_status = 'promoted' "
+                        "ORDER BY t.id").fetchall()
+    assert actors[-1] == ("reviewer-v2", "promoted", "admin", "rewards look better")
+    versions = admin(gateway, "GET", "/policies/reviewer/versions").json()["data"]
+    assert [(v["name"], v["status"]) for v in versions] == [("reviewer-v2", "promoted"), ("reviewer-v1", "retired")]
