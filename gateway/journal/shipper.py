@@ -31,6 +31,7 @@ ShipFunction = Callable[[list[bytes]], Awaitable[int]]
 
 OFFSET_SUFFIX = ".offset"
 MAX_BACKOFF_S = 5.0
+RESCAN_INTERVAL_S = 5.0
 
 
 @dataclass
@@ -85,6 +86,11 @@ class JournalShipper:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._unshipped = 0
+        self._foreign: list[Path] = []
+        self._last_scan = float("-inf")
+        self._scanned_active: Path | None = None
+        # (active segment, offset) once everything written to it so far is shipped.
+        self._own_shipped: tuple[Path | None, int] = (None, -1)
         self._wake_threshold = max(1, batch_rows // 4)
         self._backoff = 0.0
 
@@ -156,9 +162,21 @@ class JournalShipper:
         return total
 
     async def ship_once(self) -> int:
-        """Ship up to one batch from the oldest segment that has work; return rows shipped."""
-        self.stats.backlog_bytes = self.backlog_bytes()
-        for path in self.segments():
+        """Ship up to one batch from the oldest segment that has work; return rows shipped.
+
+        The directory is listed only every RESCAN_INTERVAL_S (or when this process rotates):
+        other processes' segments appear rarely, and an idle gateway should cost nothing.
+        """
+        active = self.writer.active_path
+        now = time.monotonic()
+        if now - self._last_scan >= RESCAN_INTERVAL_S or self._scanned_active != active:
+            self._foreign = [path for path in self.segments() if path != active]
+            self._scanned_active, self._last_scan = active, now
+            self.stats.backlog_bytes = self.backlog_bytes()
+        candidates = list(self._foreign)
+        if active is not None and self._own_shipped != (active, self.writer.active_size):
+            candidates.append(active)
+        for path in candidates:
             locked = self._lock(path)
             if locked is None:
                 continue
@@ -166,6 +184,8 @@ class JournalShipper:
                 shipped = await self._ship_segment(locked)
             finally:
                 locked.release()
+            if not path.exists():
+                self._foreign = [p for p in self._foreign if p != path]
             if shipped:
                 return shipped
         return 0
@@ -209,10 +229,14 @@ class JournalShipper:
             self._unshipped = 0
             await self.ship(lines)
             _write_offset(locked.offset_fd, offset + consumed)
+            if own:
+                self._own_shipped = (locked.path, offset + consumed)
             self.stats.shipped_rows += len(lines)
             self.stats.last_success_at = time.time()
             return len(lines)
-        if not own and offset + consumed >= end:
+        if own:
+            self._own_shipped = (locked.path, offset + consumed)
+        elif offset + consumed >= end:
             self._remove(locked, offset, end)
         return 0
 
