@@ -212,6 +212,8 @@ async def _retrying(engine: AsyncEngine, work: Callable[[psycopg.AsyncCursor], A
             try:
                 async with pg.transaction():
                     async with pg.cursor(row_factory=dict_row) as cursor:
+                        # JIT compiles these short statements once the tables grow (hundreds of ms).
+                        await cursor.execute("SET LOCAL jit = off")
                         return await work(cursor)
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
                 if attempt == RETRIES - 1:

@@ -38,6 +38,7 @@ async def get_trajectory(engine: AsyncEngine, candidates: list[uuid.UUID], tenan
     async with engine.connect() as connection:
         pg = await _driver_connection(connection)
         async with pg.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute("SET LOCAL jit = off")
             await cursor.execute(
                 "SELECT coalesce(t.merged_into, t.id) AS root FROM trajectories t "
                 "WHERE t.id = ANY(%(ids)s::uuid[]) AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s) "
@@ -98,6 +99,7 @@ async def list_trajectories(engine: AsyncEngine, *, tenant: str | None, policy: 
     async with engine.connect() as connection:
         pg = await _driver_connection(connection)
         async with pg.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute("SET LOCAL jit = off")
             await cursor.execute(query, params)
             rows = await cursor.fetchall()
         await pg.rollback()
