@@ -45,6 +45,17 @@ class GatewayError(Exception):
         return orjson.loads(self.body())
 
 
+class UpstreamStatusError(GatewayError):
+    """The upstream answered with an error status: the client gets that status and body."""
+
+    def __init__(self, status: int, openai_body: bytes) -> None:
+        super().__init__(status, "upstream error", error_type=ERROR_TYPES.get(status, "upstream_error"))
+        self._body = openai_body
+
+    def body(self) -> bytes:
+        return self._body
+
+
 def error_body(message: str, error_type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": error_type, "param": param, "code": code}})

@@ -21,7 +21,7 @@ from gateway.endpoints.chat_completions.assembly import assemble_completion, par
 from gateway.endpoints.chat_completions.policy_tokens import StreamStripper, TokenCapture, capture_for, strip_answer
 from gateway.endpoints.chat_completions.request import ChatRequest, parse_chat_request
 from gateway.http.asgi import JSON_HEADERS, SSE_HEADERS, Receive, Scope, Send, header, read_body, send_error, send_response
-from gateway.http.errors import GatewayError, error_body
+from gateway.http.errors import GatewayError, UpstreamStatusError, error_body
 from gateway.state import GatewayState
 from gateway.policies.versions import ServingVersion
 from gateway.trajectories.stitching import (
@@ -173,10 +173,21 @@ class ChatCompletionsEndpoint:
                 for target in targets}
 
     async def _open_direct(self, call: CallContext, targets: list[UpstreamTarget]) -> UpstreamAnswer:
+        """The upstream's answer, open for reading; an error status raises UpstreamStatusError."""
         answer = await post_with_retries(self.state.session, targets, "/chat/completions", self._bodies(call, targets),
                                          retry_after=self.router_settings.retry_after)
         call.target = answer.target
+        if answer.response.status != 200:
+            status, body = await error_from_answer(answer)
+            raise UpstreamStatusError(status, body)
         return answer
+
+    async def _fail(self, call: CallContext, send: Send, error: GatewayError) -> int:
+        """Record the failed call and answer the client with the error (the upstream's own body
+        when it answered with an error status)."""
+        self._finish(call, error.status, None, self._upstream_error(call, error.status, error.body()))
+        await send_error(send, error, call.headers)
+        return error.status
 
     def _upstream_error(self, call: CallContext, status: int, body: bytes) -> dict[str, Any]:
         kind = "timeout" if status == 504 else ("unreachable" if status == 502 and call.target is None else str(status))
@@ -192,11 +203,6 @@ class ChatCompletionsEndpoint:
         try:
             if targets[0].direct:
                 answer = await self._open_direct(call, targets)
-                if answer.response.status != 200:
-                    status, body = await error_from_answer(answer)
-                    self._finish(call, status, None, self._upstream_error(call, status, body))
-                    await send_response(send, status, body, [*JSON_HEADERS, *call.headers])
-                    return status
                 raw = await answer.response.read()
                 response = orjson.loads(raw)
             else:
@@ -204,14 +210,10 @@ class ChatCompletionsEndpoint:
                 response = await litellm_backend.complete(targets[0], {**call.request.body, "model": call.request.model})
                 raw = orjson.dumps(response)
         except GatewayError as error:
-            self._finish(call, error.status, None, self._upstream_error(call, error.status, error.body()))
-            await send_error(send, error, call.headers)
-            return error.status
+            return await self._fail(call, send, error)
         except (orjson.JSONDecodeError, ValueError) as exc:
-            error = GatewayError(502, f"upstream answered with a body that is not JSON: {exc}", code="bad_upstream_body")
-            self._finish(call, 502, None, error.as_dict())
-            await send_error(send, error, call.headers)
-            return 502
+            return await self._fail(call, send, GatewayError(
+                502, f"upstream answered with a body that is not JSON: {exc}", code="bad_upstream_body"))
         self._finish(call, 200, response, None)
         if call.capture is not None:
             raw = orjson.dumps(strip_answer(response, call.capture))
@@ -224,19 +226,12 @@ class ChatCompletionsEndpoint:
         try:
             if targets[0].direct:
                 answer = await self._open_direct(call, targets)
-                if answer.response.status != 200:
-                    status, body = await error_from_answer(answer)
-                    self._finish(call, status, None, self._upstream_error(call, status, body))
-                    await send_response(send, status, body, [*JSON_HEADERS, *call.headers])
-                    return status
                 chunks = answer.response.content.iter_any()
             else:
                 call.target = targets[0]
                 chunks = await litellm_backend.stream(targets[0], {**call.request.body, "model": call.request.model})
         except GatewayError as error:
-            self._finish(call, error.status, None, self._upstream_error(call, error.status, error.body()))
-            await send_error(send, error, call.headers)
-            return error.status
+            return await self._fail(call, send, error)
 
         await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *call.headers]})
         received: list[bytes] = []
