@@ -224,3 +224,19 @@ def test_litellm_path(start_gateway, fake_upstream, db):
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text.startswith("lite stream")
     wait_for(lambda: count_rows(db, "SELECT count(*) FROM calls WHERE model = 'via-litellm' AND status_code = 200") == 2)
+
+
+def test_body_limit_applies_to_rewards_even_when_chunked(start_gateway):
+    gateway = start_gateway(limits={"max_body_bytes": 4096})
+
+    def chunks():
+        yield b'{"trajectory_id": "x", "comment": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'", "reward": 1}'
+
+    chunked = httpx.post(gateway.base_url + "/rewards", content=chunks(), headers={"content-type": "application/json"})
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
+    declared = httpx.post(gateway.base_url + "/rewards", content=b"{" + b" " * 5000 + b"}",
+                          headers={"content-type": "application/json"})
+    assert declared.status_code == 413
