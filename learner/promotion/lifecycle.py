@@ -13,9 +13,9 @@ second sees the first's outcome and either finds nothing to do or gets `Transiti
 The partial unique indexes (one promoted, one canary per policy) back this up.
 
 Idempotent: asking for the status a version already has returns `changed=False` and writes
-nothing. This module never talks to inference endpoints: `service` loads the adapter
-everywhere first and only then calls the transition, so the status a gateway reads always
-names an adapter that the endpoints serve.
+nothing. This module never talks to inference endpoints itself: `service` passes a `prepare`
+hook that loads the adapter everywhere under the lock, before the update, so the status a
+gateway reads always names an adapter that the endpoints serve.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from sqlalchemy import func, insert, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -70,6 +70,8 @@ class TransitionResult:
     from_status: str
     # Versions that changed status as a side effect (the promoted version a promotion retires).
     side_effects: list[dict[str, Any]] = field(default_factory=list)
+    # What `prepare` returned (the endpoints' load outcomes).
+    prepared: Any = None
 
 
 def _row(row: Any) -> dict[str, Any]:
@@ -148,13 +150,18 @@ async def _begin(engine: AsyncEngine, version_id: uuid.UUID) -> tuple[Any, str]:
 
 async def transition(engine: AsyncEngine, version_id: uuid.UUID, to_status: str, *, actor: str,
                      reason: str | None = None, from_statuses: Iterable[str] | None = None,
-                     canary_share: float | None = None, evaluation: dict[str, Any] | None = None
-                     ) -> TransitionResult:
+                     canary_share: float | None = None, evaluation: dict[str, Any] | None = None,
+                     prepare: Callable[[dict[str, Any]], Awaitable[Any]] | None = None) -> TransitionResult:
     """Move a version to `to_status` (canary, promoted or rejected) in one locked transaction.
 
     `from_statuses` narrows the allowed origins (the periodic job promotes only canaries, a
     rollback only retired versions). Promotion retires the version promoted before; a
     canary start refuses while another canary of the policy runs.
+
+    `prepare(version)` runs under the policy lock after every check and before the update
+    (the service loads the adapter at every endpoint there): if it raises, nothing changes.
+    Holding the lock across it means the reconciler cannot unload the adapter between the
+    load and the commit.
     """
     if to_status not in ("canary", "promoted", "rejected"):
         raise ValueError(f"no transition function for {to_status!r}")
@@ -183,23 +190,28 @@ async def transition(engine: AsyncEngine, version_id: uuid.UUID, to_status: str,
                 values["evaluation"] = evaluation
         elif to_status == "promoted":
             values["canary_share"] = None
-            previous = serving.get("promoted")
-            if previous is not None:
-                side.append(await _record(connection, previous, "retired", actor,
-                                          f"replaced by {version['name']}" + (f": {reason}" if reason else "")))
+        prepared = await prepare(version) if prepare is not None else None
+        if to_status == "promoted" and serving.get("promoted") is not None:
+            previous = serving["promoted"]
+            side.append(await _record(connection, previous, "retired", actor,
+                                      f"replaced by {version['name']}" + (f": {reason}" if reason else "")))
         updated = await _record(connection, version, to_status, actor, reason, values)
-    return TransitionResult(updated, changed=True, from_status=version["status"], side_effects=side)
+    return TransitionResult(updated, changed=True, from_status=version["status"], side_effects=side,
+                            prepared=prepared)
 
 
 async def start_canary(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, share: float,
-                       reason: str | None = None, evaluation: dict[str, Any] | None = None) -> TransitionResult:
+                       reason: str | None = None, evaluation: dict[str, Any] | None = None,
+                       prepare: Callable[[dict[str, Any]], Awaitable[Any]] | None = None) -> TransitionResult:
     return await transition(engine, version_id, "canary", actor=actor, reason=reason, canary_share=share,
-                            evaluation=evaluation)
+                            evaluation=evaluation, prepare=prepare)
 
 
 async def promote(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, reason: str | None = None,
-                  from_statuses: Iterable[str] | None = None) -> TransitionResult:
-    return await transition(engine, version_id, "promoted", actor=actor, reason=reason, from_statuses=from_statuses)
+                  from_statuses: Iterable[str] | None = None,
+                  prepare: Callable[[dict[str, Any]], Awaitable[Any]] | None = None) -> TransitionResult:
+    return await transition(engine, version_id, "promoted", actor=actor, reason=reason, from_statuses=from_statuses,
+                            prepare=prepare)
 
 
 async def reject(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, reason: str | None = None,

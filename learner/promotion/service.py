@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 
 __all__ = ["AUTO", "ActionResult", "PolicyNotConfigured", "TickReport", "TransitionError", "VersionNotFound",
-           "approve", "promote_now", "reject", "rollback", "set_paused", "promotion_tick", "reconcile",
+           "approve", "promote_now", "reject", "rollback", "set_paused", "promotion_tick", "run_promotion_tick", "reconcile",
            "evaluate_canary", "check_gates", "list_policies", "list_versions", "version_detail"]
 
 
@@ -153,13 +153,13 @@ async def _start_canary(engine: AsyncEngine, settings: Settings, version: dict[s
     if "canary" in serving:
         raise TransitionError(f"policy {version['policy']!r} already has a canary ({serving['canary']['name']}): "
                               "promote or reject it first", current=version["status"])
-    endpoints = await _load(policy, version, client)
     incumbent = serving.get("promoted")
     evaluation = {"incumbent_version_id": str(incumbent["id"]) if incumbent else None,
                   "incumbent_name": incumbent["name"] if incumbent else None, "verdict": ev.INSUFFICIENT}
     result = await lifecycle.start_canary(engine, version["id"], actor=actor, share=policy.promotion.canary_share,
-                                          reason=reason, evaluation=evaluation)
-    return ActionResult(result, endpoints, gates)
+                                          reason=reason, evaluation=evaluation,
+                                          prepare=lambda locked: _load(policy, locked, client))
+    return ActionResult(result, result.prepared or [], gates)
 
 
 async def _promote(engine: AsyncEngine, settings: Settings, version: dict[str, Any], *, actor: str,
@@ -175,9 +175,9 @@ async def _promote(engine: AsyncEngine, settings: Settings, version: dict[str, A
             detail = "; ".join(gates.failures()) or "the training run has not finished"
             raise TransitionError(f"adapter version {version['name']} does not pass the gates: {detail} "
                                   "(promote with force to override)", current=version["status"])
-    endpoints = await _load(policy, version, client)
-    result = await lifecycle.promote(engine, version["id"], actor=actor, reason=reason, from_statuses=from_statuses)
-    return ActionResult(result, endpoints, gates)
+    result = await lifecycle.promote(engine, version["id"], actor=actor, reason=reason, from_statuses=from_statuses,
+                                     prepare=lambda locked: _load(policy, locked, client))
+    return ActionResult(result, result.prepared or [], gates)
 
 
 async def approve(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID, *, actor: str,
@@ -263,18 +263,22 @@ def _interval_text(evaluation: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- the periodic job
 
 async def promotion_tick(engine: AsyncEngine, settings: Settings, *, client: httpx.AsyncClient | None = None,
-                         now: datetime | None = None) -> TickReport:
-    """One pass of the promotion job over every configured policy (see the module docstring).
+                         now: datetime | None = None, policies: list[str] | None = None) -> TickReport:
+    """One pass of the promotion job over every configured policy (or only `policies`).
 
-    Call it periodically (the learner's scheduler: every 30 s or so). Several processes may
-    call it at once: each policy is handled by one of them at a time (advisory lock), and
-    every transition is a locked, idempotent transaction anyway.
+    Call it periodically (the learner's scheduler does, every 30 s by default, and right
+    after a run produced a candidate). Several processes may call it at once: each policy is
+    handled by one of them at a time (advisory lock), and every transition is a locked,
+    idempotent transaction anyway. Returns what it did (`TickReport.actions`) and what
+    failed (`TickReport.errors`); it raises only for programming errors.
     """
     report = TickReport()
     own = client is None
     client = client or httpx.AsyncClient(timeout=120.0)
     try:
         for policy in settings.policies:
+            if policies is not None and policy.name not in policies:
+                continue
             try:
                 async with engine.connect() as lock_connection:
                     key = f"apprentice.promotion.{policy.name}"
@@ -296,6 +300,23 @@ async def promotion_tick(engine: AsyncEngine, settings: Settings, *, client: htt
         if own:
             await client.aclose()
     return report
+
+
+def run_promotion_tick(settings: Settings, database_url: str, *, policies: list[str] | None = None) -> TickReport:
+    """`promotion_tick` for synchronous callers (the learner's scheduler threads): its own
+    event loop and a small engine, disposed afterwards."""
+    import asyncio
+
+    from gateway.store.engine import make_async_engine
+
+    async def once() -> TickReport:
+        engine = make_async_engine(database_url, pool_size=2, max_overflow=2)
+        try:
+            return await promotion_tick(engine, settings, policies=policies)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(once())
 
 
 async def _tick_policy(engine: AsyncEngine, settings: Settings, policy: PolicySettings, report: TickReport,
@@ -420,12 +441,25 @@ async def reconcile(engine: AsyncEngine, policy: PolicySettings, *, report: Tick
             elif version["status"] not in lifecycle.SERVING and version["name"] in models:
                 changed_at = last.get(version["id"]) or version["updated_at"]
                 if (now - changed_at).total_seconds() >= policy.promotion.unload_grace_s:
-                    try:
-                        await loading.unload([endpoint], version["name"], api_key=api_key, client=client)
-                        report.add(policy.name, version["name"], "unloaded", f"{endpoint} ({version['status']})")
-                    except loading.LoadError as exc:
-                        report.errors.append(f"{policy.name}: {exc}")
+                    await _unload_unless_serving(engine, policy, version, endpoint, api_key, client, report)
     return report
+
+
+async def _unload_unless_serving(engine: AsyncEngine, policy: PolicySettings, version: dict[str, Any], endpoint: str,
+                                 api_key: str | None, client: httpx.AsyncClient | None, report: TickReport) -> None:
+    """Unload under the policy lock, after re-reading the status: a rollback that loads the same
+    version waits for the lock and then finds it gone (and loads it again) instead of
+    committing a promotion of an adapter this unload removes behind its back."""
+    async with engine.begin() as connection:
+        await lifecycle.lock_policy(connection, policy.name)
+        current = await lifecycle.get_version(connection, version["id"])
+        if current["status"] in lifecycle.SERVING:
+            return
+        try:
+            await loading.unload([endpoint], version["name"], api_key=api_key, client=client)
+            report.add(policy.name, version["name"], "unloaded", f"{endpoint} ({current['status']})")
+        except loading.LoadError as exc:
+            report.errors.append(f"{policy.name}: {exc}")
 
 
 # ---------------------------------------------------------------- reads for the admin API
