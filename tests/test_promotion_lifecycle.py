@@ -255,3 +255,36 @@ async def test_rollback_reconcile_and_retention(db, engine, vllm, database_url, 
     with pytest.raises(lifecycle.VersionNotFound):
         await service.rollback(engine, settings, "agent", "v9", actor="alice", client=client)
     assert status_of(db, v5) == "candidate" and status_of(db, v4) == "rejected"
+
+
+def test_the_learner_scheduler_runs_the_promotion_job(db, database_url):
+    from learner.jobs.scheduler import Learner
+
+    learner = Learner(settings_for(database_url), database_url=database_url, promotion_interval_s=30)
+    assert "promotion" in {job.id for job in learner.build(blocking=False).get_jobs()}
+    diverged = add_version(db, 1, run=add_run(db, loss=float("inf")))
+    report = learner.promote()
+    assert report is not None and status_of(db, diverged) == "rejected"
+
+
+async def test_reconciler_unload_cannot_undo_a_concurrent_rollback(db, engine, database_url):
+    fake = FakeVLLM()
+
+    async def slow(request):  # every endpoint answer takes a while, so the two interleave
+        await asyncio.sleep(0.02)
+        return fake(request)
+
+    import httpx
+
+    settings = settings_for(database_url, unload_grace_s=0)
+    v1 = add_version(db, 1, status="retired")
+    add_version(db, 2, status="promoted")
+    db.execute("INSERT INTO adapter_transitions (adapter_version_id, policy, from_status, to_status, actor, created_at) "
+               "VALUES (%s, 'agent', 'promoted', 'retired', 'auto', now() - interval '1 hour')", (v1,))
+    fake.loaded.update({"agent-v1": "/adapters/v1", "agent-v2": "/adapters/v2"})
+    async with httpx.AsyncClient(transport=httpx.MockTransport(slow)) as client:
+        await asyncio.gather(
+            service.reconcile(engine, settings.policies[0], client=client),
+            service.rollback(engine, settings, "agent", "v1", actor="alice", client=client))
+    assert status_of(db, v1) == "promoted"
+    assert "agent-v1" in fake.loaded, "the promoted adapter must be loaded whatever the interleaving"

@@ -44,15 +44,18 @@ def learn_command(config_path: str | None, policy: str, once: bool, progress: bo
 @click.command("learner")
 @config_option
 @click.option("--policy", "policies", multiple=True, help="Only these policies (repeatable; default: all).")
+@click.option("--promotion-interval", type=float, default=30.0, show_default=True,
+              help="Seconds between promotion passes (gates, canaries, endpoints, retention); 0: none here.")
 @click.option("--log-level", default="info", show_default=True)
-def learner_command(config_path: str | None, policies: tuple[str, ...], log_level: str) -> None:
+def learner_command(config_path: str | None, policies: tuple[str, ...], promotion_interval: float,
+                    log_level: str) -> None:
     """Run the learner service: each policy on its schedule and its new-groups trigger."""
     from learner.jobs.scheduler import Learner
 
     setup_logging(log_level)
     settings = load(config_path)
     try:
-        learner = Learner(settings, list(policies) or None)
+        learner = Learner(settings, list(policies) or None, promotion_interval_s=promotion_interval or None)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     for policy in learner.policies:

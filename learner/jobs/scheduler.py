@@ -9,6 +9,11 @@ All runs go through one worker thread, so two policies never train at once on th
 (they would share its CPU or GPU) and a slow run delays the next instead of piling up
 (max_instances=1, coalesce). Across machines, run_once's advisory lock keeps one learner per
 policy; a run that finds the lock taken returns "busy" and costs nothing.
+
+Promotion (`learner.promotion.service.promotion_tick`: gates, canary start, canary verdict,
+reconciling the endpoints, retention) runs every `promotion_interval_s` on its own thread, so
+that a long training run does not hold up a canary's verdict, and right after a run produced
+a candidate.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ log = logging.getLogger(__name__)
 class Learner:
     """The scheduled learner for every policy whose learning is enabled."""
 
-    def __init__(self, settings: Settings, policies: list[str] | None = None, database_url: str | None = None) -> None:
+    def __init__(self, settings: Settings, policies: list[str] | None = None, database_url: str | None = None,
+                 promotion_interval_s: float | None = None) -> None:
         self.settings = settings
+        # None: this learner does not run the promotion job (another process does, or nobody).
+        self.promotion_interval_s = promotion_interval_s
         names = policies or [p.name for p in settings.policies]
         self.policies: list[PolicySettings] = []
         for name in names:
@@ -48,10 +56,25 @@ class Learner:
         with self._run_lock:
             outcome = run_once(self.settings, policy, trigger=trigger, database_url=self.url)
         self.outcomes.append(outcome)
+        if outcome.status == "succeeded" and self.promotion_interval_s is not None:
+            self.promote([policy])  # the new candidate's gates and canary start now, not at the next tick
         log.info("learner %s (%s): %s%s", policy, trigger, outcome.status,
                  f" -> {outcome.version_name}" if outcome.version_name else
                  (f" ({outcome.error})" if outcome.error else ""))
         return outcome
+
+    def promote(self, policies: list[str] | None = None) -> Any:
+        """One pass of the promotion job; its failures are logged, never raised into the scheduler."""
+        from learner.promotion.service import run_promotion_tick
+
+        try:
+            report = run_promotion_tick(self.settings, self.url, policies=policies)
+        except Exception:
+            log.exception("promotion tick failed")
+            return None
+        for error in report.errors:
+            log.warning("promotion: %s", error)
+        return report
 
     def check_trigger(self, policy: PolicySettings) -> RunOutcome | None:
         """Run if at least `min_new_groups` groups of rewarded, untrained trajectories wait."""
@@ -73,7 +96,7 @@ class Learner:
         from apscheduler.triggers.interval import IntervalTrigger
 
         cls = BlockingScheduler if blocking else BackgroundScheduler
-        scheduler = cls(executors={"default": ThreadPoolExecutor(1)},
+        scheduler = cls(executors={"default": ThreadPoolExecutor(1), "promotion": ThreadPoolExecutor(1)},
                         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         for policy in self.policies:
             learning = policy.learning
@@ -87,6 +110,9 @@ class Learner:
                 scheduler.add_job(self.check_trigger, IntervalTrigger(seconds=learning.trigger_poll_s),
                                   args=[policy], id=f"trigger:{policy.name}",
                                   name=f"learner {policy.name} (>= {learning.min_new_groups} new groups)")
+        if self.promotion_interval_s:
+            scheduler.add_job(self.promote, IntervalTrigger(seconds=self.promotion_interval_s), id="promotion",
+                              name="promotion (gates, canaries, endpoints, retention)", executor="promotion")
         self.scheduler = scheduler
         return scheduler
 
