@@ -58,7 +58,7 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
 
     options = dict(host=host, port=port, loop="uvloop", http="httptools", access_log=False,
                    log_level=settings.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                   lifespan="on", server_header=False, date_header=False)
+                   lifespan="on", server_header=False, date_header=False, proxy_headers=False)
     click.echo(f"Apprentice gateway on http://{host}:{port}/v1 ({workers} worker(s))", err=True)
     if workers > 1:
         # Workers rebuild the settings from the config file and environment exported by load().

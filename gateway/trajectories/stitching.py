@@ -30,10 +30,33 @@ import orjson
 KEY_BYTES = 16
 
 
+_RANDOM_POOL = bytearray()
+
+
+def _random_bytes(count: int) -> bytes:
+    """os.urandom, read 4 KiB at a time: one syscall per few hundred ids, not one per id."""
+    global _RANDOM_POOL
+    if len(_RANDOM_POOL) < count:
+        _RANDOM_POOL = bytearray(os.urandom(4096))
+    chunk = bytes(_RANDOM_POOL[:count])
+    del _RANDOM_POOL[:count]
+    return chunk
+
+
+def _forget_pool_after_fork() -> None:
+    _RANDOM_POOL.clear()  # a forked child must not reuse its parent's random bytes
+
+
+os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def uuid7() -> uuid.UUID:
-    """Time-ordered UUID (RFC 9562 v7): new rows land at the end of the primary-key index."""
+    """Time-ordered UUID (RFC 9562 v7): new rows land at the end of the primary-key index.
+
+    Its 74 random bits come from the OS's CSPRNG: a client may echo an id back as its
+    trajectory name, so ids must not be guessable."""
     ms = time.time_ns() // 1_000_000
-    value = (ms & ((1 << 48) - 1)) << 80 | int.from_bytes(os.urandom(10), "big") & ((1 << 80) - 1)
+    value = (ms & ((1 << 48) - 1)) << 80 | int.from_bytes(_random_bytes(10), "big") & ((1 << 80) - 1)
     value = (value & ~(0xF << 76)) | (0x7 << 76)  # version
     value = (value & ~(0x3 << 62)) | (0x2 << 62)  # variant
     return uuid.UUID(int=value)

@@ -40,6 +40,8 @@ def make_session() -> aiohttp.ClientSession:
 
 def attempt_order(targets: Sequence[UpstreamTarget], primary_count: int, num_retries: int) -> list[UpstreamTarget]:
     """The primary deployments, cycled to cover 1 + num_retries tries, then the fallbacks."""
+    if num_retries == 0 and primary_count == len(targets):
+        return list(targets)  # the common case: each deployment once
     primary = list(targets[:primary_count]) or list(targets)
     tries = [primary[i % len(primary)] for i in range(max(1 + num_retries, len(primary)))]
     return tries + list(targets[primary_count:])
