@@ -197,6 +197,11 @@ class LearningSettings(BaseModel):
     eps_high: float = Field(default=0.28, ge=0)
     # Truncated importance weight cap for stale data: min(pi_old / pi_behaviour, tis_cap).
     tis_cap: float = Field(default=2.0, gt=0)
+    # Logprobs of the policy a run starts from, for data that policy sampled itself: "recorded"
+    # takes the inference server's (one forward pass less; right when the server reports
+    # log_softmax(logits / T), as `apprentice serve-model` and vLLM's processed_logprobs do),
+    # "recompute" scores them with the trainer. Stale data is always scored.
+    old_logprobs: Literal["recorded", "recompute"] = "recorded"
     # Weight of the k3 KL estimate to the base model (adapter disabled); 0 skips that pass.
     kl_beta: float = Field(default=0.0, ge=0)
     lora_rank: int = 8

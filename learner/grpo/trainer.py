@@ -1,11 +1,12 @@
 """One training run: GRPO updates of a LoRA adapter over a fixed list of samples.
 
 The run, in order:
-1. Score every loss token once, without gradients, under the policy the run starts from
-   ("old": the promoted adapter, or a fresh LoRA, which equals the base model), and where
-   needed under the version that sampled it ("behaviour": recorded logprobs when the server
-   returned them, else recomputed with that version's saved weights) and under the base
-   model ("ref", only when kl_beta > 0).
+1. Reference logprobs for every loss token, without gradients: "behaviour" (the sampler's:
+   recorded when the server returned them, else recomputed with the saved weights of the
+   version that served the call), "old" (the policy this run starts from: the promoted
+   adapter, or a fresh LoRA, which equals the base model; taken from the record for data that
+   policy sampled itself unless old_logprobs="recompute", scored otherwise) and "ref" (the
+   base model, only when kl_beta > 0).
 2. Split the samples into optimizer steps (whole trajectories; shuffled, seeded). A step's
    token weights are fixed before its first micro-batch (see loss.aggregation_weights), so
    micro-batches plus gradient accumulation compute exactly the full step's gradient while
@@ -58,6 +59,7 @@ class TrainerConfig:
     aggregation: str = "token"
     max_seq_len: int = 4096
     seed: int = 0
+    old_logprobs: str = "recorded"  # or "recompute": score every row under the starting policy
 
     @classmethod
     def from_settings(cls, learning: Any) -> "TrainerConfig":
@@ -86,13 +88,15 @@ class TrainResult:
     loss: float = 0.0  # mean over optimizer steps
     kl: float = 0.0  # mean k3 per loss token, to `kl_reference`
     kl_reference: str = "start"  # "base" when kl_beta > 0, else the policy the run started from
+    kl_to_start: float = 0.0  # mean k3 per loss token to the policy the run started from (the incumbent)
     clip_fraction: float = 0.0
     loss_tokens: int = 0  # per pass over the data
     tokens: int = 0  # per pass over the data, prompts included
     grad_norm: float = 0.0  # mean before clipping
     tis_mean: float = 1.0
     tis_capped_fraction: float = 0.0
-    # Mean |old - behaviour| on tokens sampled by the starting version: sampler/trainer mismatch.
+    # Mean |trainer - sampler| logprob on tokens the starting version sampled (first step): a
+    # large gap means the recorded logprobs are not the trainer's (e.g. vLLM's raw logprobs at T != 1).
     behaviour_gap: float | None = None
     duration_s: float = 0.0
     train_s: float = 0.0  # the optimizer steps alone (scoring passes excluded)
@@ -164,26 +168,27 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ scoring
 
-    def _batch(self, rows: Sequence[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(self, rows: Sequence[_Row]) -> torch.Tensor:
+        """Right-padded input ids. No attention mask is needed: under causal attention a real token
+        never sees the padding after it, and padded positions are never read. Leaving the mask out
+        keeps attention on its fast causal path (a padding mask forces an explicit 4-D mask)."""
         length = max(int(r.ids.numel()) for r in rows)
         input_ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), length), dtype=torch.long)
         for i, row in enumerate(rows):
             input_ids[i, :row.ids.numel()] = row.ids
-            attention[i, :row.ids.numel()] = 1
-        return input_ids.to(self.device), attention.to(self.device)
+        return input_ids.to(self.device)
 
     def _logprobs(self, rows: Sequence[_Row]) -> torch.Tensor:
         """Logprobs of every loss token of `rows`, flat, in row order, at each row's temperature."""
-        input_ids, attention = self._batch(rows)
+        input_ids = self._batch(rows)
         batch_index = torch.cat([torch.full((r.size,), i, dtype=torch.long) for i, r in enumerate(rows)]).to(self.device)
         positions = torch.cat([r.positions for r in rows]).to(self.device)
         temperatures = torch.cat([torch.full((r.size,), r.temperature) for r in rows]).to(self.device)
         targets = input_ids[batch_index, positions]
         if self._full_forward:
-            logits = self.model(input_ids=input_ids, attention_mask=attention).logits[batch_index, positions - 1]
+            logits = self.model(input_ids=input_ids).logits[batch_index, positions - 1]
         else:
-            hidden = self._decoder(input_ids=input_ids, attention_mask=attention).last_hidden_state
+            hidden = self._decoder(input_ids=input_ids).last_hidden_state
             logits = self._head(hidden[batch_index, positions - 1])
         return token_logprobs(logits, targets, temperatures)
 
@@ -200,16 +205,33 @@ class GRPOTrainer:
             out.append(results[i])
         return out
 
+    def _on_policy(self, row: _Row) -> bool:
+        """Sampled by the very policy this run starts from."""
+        return row.version == self.start_version
+
     def _fill_references(self, rows: list[_Row], dropped: dict[str, int]) -> list[_Row]:
-        """old, behaviour and ref logprobs for every row; rows whose sampler is unknown are dropped."""
+        """old, behaviour and ref logprobs for every row; rows whose sampler is unknown are dropped.
+
+        With `old_logprobs="recorded"`, rows the starting policy sampled itself take the sampler's
+        logprobs as `old` (as TRL does with one iteration per batch): no scoring pass for them.
+        The sampler/trainer gap is then measured during the first optimizer step instead.
+        """
         self.model.eval()
-        for row, old in zip(rows, self._score(rows)):
+        for row in rows:
+            row.behaviour = row.recorded
+        trust_record = self.config.old_logprobs == "recorded"
+        to_score = [r for r in rows if not (trust_record and r.recorded is not None and self._on_policy(r))]
+        scored = {id(r) for r in to_score}
+        for row in rows:
+            if id(row) not in scored:
+                row.old = row.recorded
+        for row, old in zip(to_score, self._score(to_score) if to_score else []):
             row.old = old
         missing: dict[str | None, list[_Row]] = {}
         for row in rows:
-            if row.recorded is not None:
-                row.behaviour = row.recorded
-            elif row.version == self.start_version or (self.fresh and row.version is None):
+            if row.behaviour is not None:
+                continue
+            if self._on_policy(row):
                 row.behaviour = row.old
             else:
                 missing.setdefault(row.version, []).append(row)
@@ -260,8 +282,8 @@ class GRPOTrainer:
             steps = steps[:self.config.max_steps]
         return steps
 
-    def backward_step(self, samples: Sequence[TrainSample], step_rows: Sequence[_Row], step_number: int = 0
-                      ) -> dict[str, Any]:
+    def backward_step(self, samples: Sequence[TrainSample], step_rows: Sequence[_Row], step_number: int = 0,
+                      measure_gap: bool = False) -> dict[str, Any]:
         """Accumulate one optimizer step's gradient over micro-batches; returns the step's sums.
 
         The step's token weights are fixed first, from all its rows, so the accumulated gradient
@@ -273,8 +295,8 @@ class GRPOTrainer:
         for row in ordered:
             per_sample[row.sample] = per_sample.get(row.sample, 0) + row.size
         weight_of = dict(zip(per_sample, aggregation_weights(list(per_sample.values()), config.aggregation)))  # type: ignore[arg-type]
-        step: dict[str, Any] = {"loss": 0.0, "kl": 0.0, "clipped": 0, "tokens": 0, "tis": 0.0, "tis_capped": 0,
-                                "all_tokens": 0}
+        step: dict[str, Any] = {"loss": 0.0, "kl": 0.0, "kl_start": 0.0, "clipped": 0, "tokens": 0, "tis": 0.0,
+                                "tis_capped": 0, "all_tokens": 0, "gap": 0.0, "gap_tokens": 0}
         for micro in _chunks(ordered, config.micro_batch_size):
             logp = self._logprobs(micro)
             cat = lambda values: torch.cat(values).to(self.device)  # noqa: E731
@@ -288,9 +310,16 @@ class GRPOTrainer:
             if not torch.isfinite(out.loss):
                 raise NonFiniteLoss(f"loss is {out.loss.item()} at optimizer step {step_number}")
             out.loss.backward()
-            kl = out.kl if out.kl is not None else k3_kl(logp.detach(), old)
+            if measure_gap:  # before the first update the trainable policy is the starting one
+                for row, part in zip(micro, logp.detach().float().cpu().split([r.size for r in micro])):
+                    if row.recorded is not None and self._on_policy(row):
+                        step["gap"] += float((part - row.recorded).abs().sum())
+                        step["gap_tokens"] += row.size
+            drift = k3_kl(logp.detach(), old)
+            kl = out.kl if out.kl is not None else drift
             step["loss"] += out.loss.item()
             step["kl"] += float(kl.sum())
+            step["kl_start"] += float(drift.sum())
             step["clipped"] += int(out.clipped.sum())
             step["tokens"] += int(logp.numel())
             step["tis"] += float(out.tis.sum())
@@ -325,10 +354,6 @@ class GRPOTrainer:
         result.dropped = dropped
         result.loss_tokens = sum(r.size for r in rows)
         result.tokens = sum(int(r.ids.numel()) for r in rows)
-        gaps = [(r.old - r.behaviour).abs() for r in rows
-                if r.recorded is not None and (r.version == self.start_version or (self.fresh and r.version is None))]
-        if gaps:
-            result.behaviour_gap = float(torch.cat(gaps).mean())
         if not by_sample:
             result.duration_s = time.perf_counter() - started
             return result
@@ -346,13 +371,16 @@ class GRPOTrainer:
         self.model.train()
         train_started = time.perf_counter()
         trained_tokens = 0
-        totals = {"loss": 0.0, "kl": 0.0, "clipped": 0, "tokens": 0, "grad_norm": 0.0,
+        totals = {"loss": 0.0, "kl": 0.0, "kl_start": 0.0, "clipped": 0, "tokens": 0, "grad_norm": 0.0,
                   "tis": 0.0, "tis_capped": 0}
         try:
             for step_number, step_samples in enumerate(steps, start=1):
                 optimizer.zero_grad(set_to_none=True)
-                step = self.backward_step(samples, [r for s in step_samples for r in by_sample[s]], step_number)
+                step = self.backward_step(samples, [r for s in step_samples for r in by_sample[s]], step_number,
+                                          measure_gap=step_number == 1)
                 trained_tokens += step.pop("all_tokens")
+                if step_number == 1 and step["gap_tokens"]:
+                    result.behaviour_gap = step["gap"] / step["gap_tokens"]
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
                 if not math.isfinite(grad_norm):
                     raise NonFiniteLoss(f"gradient norm is {grad_norm} at optimizer step {step_number}")
@@ -362,7 +390,7 @@ class GRPOTrainer:
                           "clip_fraction": step["clipped"] / tokens, "grad_norm": grad_norm,
                           "tis_mean": step["tis"] / tokens, "tokens": step["tokens"]}
                 result.history.append(record)
-                for key in ("loss", "kl", "clipped", "tokens", "tis", "tis_capped"):
+                for key in ("loss", "kl", "kl_start", "clipped", "tokens", "tis", "tis_capped"):
                     totals[key] += step[key]
                 totals["grad_norm"] += grad_norm
                 if self.on_step is not None:
@@ -379,6 +407,7 @@ class GRPOTrainer:
         result.optimizer_steps = n_steps
         result.loss = totals["loss"] / max(n_steps, 1)
         result.kl = totals["kl"] / tokens
+        result.kl_to_start = totals["kl_start"] / tokens
         result.clip_fraction = totals["clipped"] / tokens
         result.grad_norm = totals["grad_norm"] / max(n_steps, 1)
         result.tis_mean = totals["tis"] / tokens

@@ -296,6 +296,8 @@ def _train_and_record(connection: psycopg.Connection, settings: Settings, policy
                           fresh=promoted is None, pad_token_id=tokenizer.pad_token_id or 0, progress=progress)
     result = trainer.train(samples)
     metrics["train"] = result.as_metrics()
+    # read by the promotion gates (learner.promotion.gates.kl_of): drift from the incumbent
+    metrics["kl_to_incumbent"] = result.kl_to_start
     trained_ids = [samples[i].trajectory_id for i in range(len(samples))] if result.optimizer_steps else []
     rewards = [s.reward for s in samples]
     columns = {**counts, "groups": len(grouping.usable), "trajectories": len(trained_ids), "samples": result.samples,

@@ -108,9 +108,13 @@ def test_the_trainer_scores_tokens_exactly_as_the_server_sampled_them(tiny_serve
     call = parse_call({"messages": [{"role": "user", "content": "Count to five."}]}, answer, 0.7, None)
     samples = [TrainSample("a", 1.0, 1.0, trajectory_segments(None, [call])),
                TrainSample("b", 0.0, -1.0, trajectory_segments(None, [call]))]
-    result = GRPOTrainer(tiny_peft, TrainerConfig(), fresh=True).train(samples)
-    assert result.behaviour_gap is not None and result.behaviour_gap < 1e-3
-    assert result.tis_mean == pytest.approx(1.0, abs=1e-2)
+    for mode in ("recompute", "recorded"):
+        trainer = GRPOTrainer(tiny_peft, TrainerConfig(old_logprobs=mode, lr=0.0), fresh=True)
+        rows = trainer.prepare(samples, {})
+        assert torch.allclose(rows[0].old, rows[0].recorded, atol=1e-3), mode
+        result = trainer.train(samples)
+        assert result.behaviour_gap is not None and result.behaviour_gap < 1e-3
+        assert result.tis_mean == pytest.approx(1.0, abs=1e-2)
 
 
 def test_behaviour_logprobs_are_recomputed_with_the_version_that_served(tiny_peft, tiny_model_dir, tmp_path,
