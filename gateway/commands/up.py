@@ -50,6 +50,14 @@ def default_config(data_dir: Path, port: int, model_port: int) -> dict[str, Any]
             # GRPO compares several answers to the same task: sample with variety.
             "temperature": 1.0,
             "reward_range": [0.0, 1.0],
+            # Sized for a small model on a laptop CPU: train as soon as a few rewarded groups
+            # wait, at the learning rate that moves a 135M model within minutes.
+            "learning": {"min_new_groups": 4, "trigger_poll_s": 10, "reward_wait_s": 5, "min_group_size": 4,
+                         "lr": 3e-4, "micro_batch_size": 8, "grad_accumulation": 2, "lora_rank": 8,
+                         "lora_alpha": 16},
+            # Candidates that pass the gates serve half of new runs until the comparison decides.
+            "promotion": {"mode": "automatic", "auto_canary": True, "canary_share": 0.5, "min_samples": 24,
+                          "confidence": 0.9, "timeout_s": 1800},
         }],
     }
     if os.environ.get("OPENAI_API_KEY"):
