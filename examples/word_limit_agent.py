@@ -40,10 +40,10 @@ def task_prompt(topic: str, max_words: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Describe {topic} in at most {max_words} words."}]
 
 
-def score(answer: str, max_words: int) -> float:
-    """The verifiable outcome: a non-empty answer within the word limit."""
-    words = answer.split()
-    return 1.0 if 0 < len(words) <= max_words else 0.0
+def score(answer: str, finish_reason: str | None, max_words: int) -> float:
+    """The verifiable outcome: an answer that ended by itself (not cut off at max_tokens),
+    with 1 to max_words words."""
+    return 1.0 if finish_reason == "stop" and 0 < len(answer.split()) <= max_words else 0.0
 
 
 async def post_reward_later(http: httpx.AsyncClient, trajectory_id: str, reward: float, group: str,
@@ -60,6 +60,7 @@ async def main() -> None:
     parser.add_argument("--group-size", type=int, default=8, help="Runs of the same task in a row (a GRPO group).")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-words", type=int, default=MAX_WORDS)
+    parser.add_argument("--max-tokens", type=int, default=24, help="Longer answers are cut off, and fail.")
     parser.add_argument("--max-delay", type=float, default=8.0, help="Rewards arrive up to this many seconds late.")
     parser.add_argument("--out", default="docs/example/word_limit", help="Prefix of the .json and .png written.")
     parser.add_argument("--seed", type=int, default=0)
@@ -78,10 +79,10 @@ async def main() -> None:
     async def one_run(index: int, topic: str, group: str) -> None:
         async with semaphore:
             raw = await client.chat.completions.with_raw_response.create(
-                model=args.model, messages=task_prompt(topic, args.max_words), max_tokens=48)
+                model=args.model, messages=task_prompt(topic, args.max_words), max_tokens=args.max_tokens)
             completion = raw.parse()
         answer = completion.choices[0].message.content or ""
-        reward = score(answer, args.max_words)
+        reward = score(answer, completion.choices[0].finish_reason, args.max_words)
         results.append({"run": index, "t": round(time.time() - started, 2), "version": completion.model,
                         "reward": reward, "words": len(answer.split()), "topic": topic})
         rewards.append(asyncio.create_task(post_reward_later(

@@ -26,6 +26,7 @@ import httpx
 import yaml
 
 from gateway.commands.common import config_option, database_url, load, setup_logging
+from gateway.config import Settings
 from gateway.store import schema
 from gateway.store.engine import stop_embedded_postgres
 
@@ -52,12 +53,14 @@ def default_config(data_dir: Path, port: int, model_port: int) -> dict[str, Any]
             "reward_range": [0.0, 1.0],
             # Sized for a small model on a laptop CPU: train as soon as a few rewarded groups
             # wait, at the learning rate that moves a 135M model within minutes.
-            "learning": {"min_new_groups": 4, "trigger_poll_s": 10, "reward_wait_s": 5, "min_group_size": 4,
-                         "lr": 3e-4, "micro_batch_size": 8, "grad_accumulation": 2, "lora_rank": 8,
-                         "lora_alpha": 16},
-            # Candidates that pass the gates serve half of new runs until the comparison decides.
+            # A run takes the newest 96 rewarded trajectories, so it ends in about a minute on a CPU.
+            "learning": {"min_new_groups": 8, "trigger_poll_s": 10, "reward_wait_s": 5, "min_group_size": 4,
+                         "max_trajectories": 96, "lr": 3e-4, "micro_batch_size": 8, "grad_accumulation": 2,
+                         "lora_rank": 8, "lora_alpha": 16},
+            # Candidates that pass the gates serve half of new runs until the comparison decides;
+            # one that is no better within five minutes gives its place to the next candidate.
             "promotion": {"mode": "automatic", "auto_canary": True, "canary_share": 0.5, "min_samples": 24,
-                          "confidence": 0.9, "timeout_s": 1800},
+                          "confidence": 0.9, "timeout_s": 300},
         }],
     }
     if os.environ.get("OPENAI_API_KEY"):
@@ -128,6 +131,14 @@ def _children(config_path: Path, config: dict[str, Any], logs: Path, start_model
     return children
 
 
+def reload_serving_adapters(settings: Settings, url: str) -> None:
+    """A fresh inference server knows no adapters: load the promoted and canary versions
+    before the gateway routes calls to them (the promotion job's reconciler, run once now)."""
+    from learner.promotion.service import run_promotion_tick  # no torch: promotion only talks HTTP
+
+    run_promotion_tick(settings, url)
+
+
 @click.command("up")
 @config_option
 @click.option("--data-dir", type=click.Path(file_okay=False), default=".apprentice", show_default=True,
@@ -169,6 +180,8 @@ def up_command(config_path: str | None, data_dir: str, port: int, model_port: in
             click.echo(f"starting {child.name} (log: {child.log_path})", err=True)
             child.start(env)
             child.wait_ready(MODEL_START_TIMEOUT_S if "inference" in child.name else 120.0)
+            if "inference" in child.name:
+                reload_serving_adapters(settings, url)
         base_url = f"http://{settings.host}:{settings.port}/v1"
         policies = ", ".join(p.name for p in settings.policies) or "none"
         click.echo(f"\nApprentice is up.\n  export OPENAI_BASE_URL={base_url}\n"

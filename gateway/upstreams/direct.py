@@ -20,6 +20,9 @@ from gateway.upstreams.routing import UpstreamTarget
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+# A policy's replica that answers 404 for an adapter lost it (restarted before the promotion
+# job re-loaded it): another replica may have it.
+ADAPTER_RETRYABLE_STATUS = RETRYABLE_STATUS | {404}
 
 
 @dataclass(slots=True)
@@ -48,7 +51,8 @@ def attempt_order(targets: Sequence[UpstreamTarget], primary_count: int, num_ret
 
 
 async def post_with_retries(session: aiohttp.ClientSession, targets: Sequence[UpstreamTarget], path: str,
-                            bodies: dict[str, bytes], *, retry_after: float = 0.0) -> UpstreamAnswer:
+                            bodies: dict[str, bytes], *, retry_after: float = 0.0,
+                            retry_statuses: frozenset[int] = RETRYABLE_STATUS) -> UpstreamAnswer:
     """POST to the first target that answers with a non-retryable status.
 
     `bodies` maps an upstream model name to the body for it (the model name differs between
@@ -73,7 +77,7 @@ async def post_with_retries(session: aiohttp.ClientSession, targets: Sequence[Up
                         exc, attempt, len(targets))
             continue
         answer = UpstreamAnswer(response, target, attempt)
-        if response.status not in RETRYABLE_STATUS or attempt == len(targets):
+        if response.status not in retry_statuses or attempt == len(targets):
             return answer
         log.warning("upstream %s answered %d; attempt %d of %d", target.name, response.status, attempt, len(targets))
         last_answer = answer

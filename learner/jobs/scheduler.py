@@ -18,6 +18,8 @@ a candidate.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import logging
 import threading
 from typing import Any
@@ -111,8 +113,10 @@ class Learner:
                                   args=[policy], id=f"trigger:{policy.name}",
                                   name=f"learner {policy.name} (>= {learning.min_new_groups} new groups)")
         if self.promotion_interval_s:
+            # First pass at once: an inference server that restarted gets its adapters back.
             scheduler.add_job(self.promote, IntervalTrigger(seconds=self.promotion_interval_s), id="promotion",
-                              name="promotion (gates, canaries, endpoints, retention)", executor="promotion")
+                              name="promotion (gates, canaries, endpoints, retention)", executor="promotion",
+                              next_run_time=datetime.now(timezone.utc))
         self.scheduler = scheduler
         return scheduler
 

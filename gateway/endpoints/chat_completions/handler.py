@@ -32,7 +32,14 @@ from gateway.trajectories.stitching import (
     new_call_id,
 )
 from gateway.upstreams import litellm_backend
-from gateway.upstreams.direct import UpstreamAnswer, attempt_order, error_from_answer, post_with_retries
+from gateway.upstreams.direct import (
+    ADAPTER_RETRYABLE_STATUS,
+    RETRYABLE_STATUS,
+    UpstreamAnswer,
+    attempt_order,
+    error_from_answer,
+    post_with_retries,
+)
 from gateway.upstreams.routing import RoutePlan, UnknownModel, UpstreamTarget
 
 log = logging.getLogger(__name__)
@@ -175,7 +182,8 @@ class ChatCompletionsEndpoint:
     async def _open_direct(self, call: CallContext, targets: list[UpstreamTarget]) -> UpstreamAnswer:
         """The upstream's answer, open for reading; an error status raises UpstreamStatusError."""
         answer = await post_with_retries(self.state.session, targets, "/chat/completions", self._bodies(call, targets),
-                                         retry_after=self.router_settings.retry_after)
+                                         retry_after=self.router_settings.retry_after,
+                                         retry_statuses=ADAPTER_RETRYABLE_STATUS if call.version else RETRYABLE_STATUS)
         call.target = answer.target
         if answer.response.status != 200:
             status, body = await error_from_answer(answer)

@@ -1,0 +1,203 @@
+"""The whole loop through `apprentice up`, as a newcomer runs it.
+
+`apprentice up` starts the embedded PostgreSQL, the local inference server with the real
+SmolLM2-135M-Instruct, the gateway and the learner. An agent using only the official openai
+client and the base URL asks for short descriptions, scores them itself, and posts rewards
+through the webhook seconds later and out of order. Nothing else is driven by the test: the
+learner trains when enough rewarded groups wait, the promotion job puts the candidate in canary
+for half of the new runs, compares rewards and promotes it. The promoted adapter then serves
+the policy, and its success on fresh prompts must beat the base model's. Ctrl-C stops
+everything, and a second start finds the promoted version again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from examples.word_limit_agent import TOPICS, score, task_prompt
+from gateway.commands.up import default_config
+from tests.support.processes import REPO_ROOT, free_port, wait_http
+
+BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+MAX_WORDS = 8
+MAX_TOKENS = 16
+GROUP_SIZE = 6
+EVAL_SEEDS = (1, 2, 3)
+MARGIN = 0.15
+BUDGET_S = 1200
+ROUND_PAUSE_S = 4.0
+EVAL_TOPICS = ["a harbor at dawn", "a clock tower", "the first snow", "a street market", "an old map",
+               "a mountain lake", "a paper boat", "a jazz club", "a wheat field", "a subway car",
+               "a lemon tree", "a foggy pier", "a desert road", "a school bell", "a pine cone", "a tide pool",
+               "a sailing ship", "a night train", "a bamboo forest", "a thunderclap", "a sand dune",
+               "a quiet chapel", "a red balloon", "a frozen pond"]
+
+
+def write_config(data_dir: Path, port: int, model_port: int) -> None:
+    """The config `apprentice up` would write, tuned to decide quickly on a small sample."""
+    config = default_config(data_dir, port, model_port)
+    policy = config["policies"][0]
+    # An inconclusive canary gives its place to the next candidate after 90 s.
+    policy["promotion"].update(min_samples=16, confidence=0.9, timeout_s=90)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "apprentice.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+class Up:
+    def __init__(self, data_dir: Path, port: int, model_port: int) -> None:
+        self.args = [sys.executable, "-m", "gateway.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
+                     "--model-port", str(model_port)]
+        self.log = data_dir.parent / "up.log"
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("APPRENTICE_") and k != "DATABASE_URL"}
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
+                                            start_new_session=True)
+        deadline = time.monotonic() + 600
+        while "Apprentice is up" not in self.log.read_text(errors="replace"):
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "apprentice up did not come up"
+            time.sleep(0.5)
+        wait_http(self.url + "/healthz")
+
+    def interrupt(self) -> int:
+        """Ctrl-C, as a person stops it."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            return self.process.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            raise
+
+
+async def run_group(client: openai.AsyncOpenAI, http: httpx.AsyncClient, topic: str, seed: int,
+                    rng: random.Random, deliveries: list[asyncio.Task]) -> list[tuple[str, float]]:
+    async def one(k: int) -> tuple[str, float]:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="apprentice", messages=task_prompt(topic, MAX_WORDS), max_tokens=MAX_TOKENS, seed=seed * 100 + k)
+        completion = raw.parse()
+        choice = completion.choices[0]
+        reward = score(choice.message.content or "", choice.finish_reason, MAX_WORDS)
+
+        async def deliver() -> None:  # the agent's own system reports the outcome later
+            await asyncio.sleep(rng.uniform(0.2, 4.0))
+            (await http.post("/rewards", json={"trajectory_id": raw.headers["x-trajectory-id"], "reward": reward,
+                                               "group_id": f"{topic}-{seed}"})).raise_for_status()
+
+        deliveries.append(asyncio.create_task(deliver()))
+        return completion.model, reward
+
+    return await asyncio.gather(*(one(k) for k in range(GROUP_SIZE)))
+
+
+async def evaluate(server: openai.AsyncOpenAI, model: str) -> float:
+    """Success of one model on the held-out prompts, asked at the inference server itself (the
+    gateway would split the calls with a canary), at the policy's sampling temperature."""
+    semaphore = asyncio.Semaphore(8)
+
+    async def one(topic: str, seed: int) -> float:
+        async with semaphore:
+            completion = await server.chat.completions.create(
+                model=model, messages=task_prompt(topic, MAX_WORDS), max_tokens=MAX_TOKENS, seed=seed,
+                temperature=1.0)
+        choice = completion.choices[0]
+        return score(choice.message.content or "", choice.finish_reason, MAX_WORDS)
+
+    results = await asyncio.gather(*(one(t, s) for t in EVAL_TOPICS for s in EVAL_SEEDS))
+    return sum(results) / len(results)
+
+
+def serving_versions(url: str) -> set[str]:
+    policy = httpx.get(f"{url}/v1/admin/policies", timeout=30).json()["data"][0]
+    return {v["name"] for v in (policy.get("promoted"), policy.get("canary")) if v}
+
+
+def promoted_version(url: str) -> str | None:
+    policies = httpx.get(f"{url}/v1/admin/policies", timeout=30).json()["data"]
+    promoted = policies[0].get("promoted")
+    return promoted["name"] if promoted else None
+
+
+async def drive(up: Up, model_port: int, timeline: list[str]) -> tuple[float, float, str]:
+    """Agent traffic until a promoted version beats the base model on the held-out prompts."""
+    client = openai.AsyncOpenAI(base_url=up.url + "/v1", api_key="apprentice-local", max_retries=2, timeout=120)
+    server = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{model_port}/v1", api_key="x", max_retries=2, timeout=120)
+    http = httpx.AsyncClient(base_url=up.url + "/v1", timeout=60)
+    started = time.monotonic()
+    base_rate = await evaluate(server, BASE_MODEL)
+    timeline.append(f"base {base_rate:.2f} at {time.monotonic() - started:.0f}s")
+    rng = random.Random(0)
+    deliveries: list[asyncio.Task] = []
+    evaluated: str | None = None
+    evaluated_round = 0
+    rate = base_rate
+    round_number = 0
+    while evaluated is None or rate < base_rate + MARGIN:
+        assert time.monotonic() - started < BUDGET_S, f"no promoted version beat the base within {BUDGET_S}s: {timeline}"
+        round_number += 1
+        topics = rng.sample(TOPICS, 4)
+        results = await asyncio.gather(*(run_group(client, http, t, round_number, rng, deliveries) for t in topics))
+        served = {m for group in results for m, _ in group}
+        flat = [r for group in results for _, r in group]
+        timeline.append(f"round {round_number}: {sum(flat):.0f}/{len(flat)} by {sorted(served)} "
+                        f"at {time.monotonic() - started:.0f}s")
+        if round_number == 1:
+            assert served == {BASE_MODEL}, "before any adapter the base model serves the policy"
+        if evaluated is not None and round_number == evaluated_round + 1:
+            assert evaluated in served, "after promotion the gateway routes the policy's runs to the new version"
+        await asyncio.sleep(ROUND_PAUSE_S)  # an agent's pace: leaves the CPU to the learner too
+        promoted = promoted_version(up.url)
+        if promoted is not None and promoted != evaluated:
+            evaluated, evaluated_round = promoted, round_number
+            rate = await evaluate(server, promoted)
+            timeline.append(f"{promoted} promoted; held-out success {rate:.2f} at {time.monotonic() - started:.0f}s")
+    await asyncio.gather(*deliveries)
+    await http.aclose()
+    await client.close()
+    await server.close()
+    return base_rate, rate, evaluated
+
+
+def test_apprentice_up_learns_promotes_and_restarts(smollm2_dir: Path, tmp_path: Path):
+    data_dir = tmp_path / "apprentice-data"
+    port, model_port = free_port(), free_port()
+    write_config(data_dir, port, model_port)
+    up = Up(data_dir, port, model_port)
+    up.start()
+    timeline: list[str] = []
+    try:
+        base_rate, trained_rate, promoted = asyncio.run(drive(up, model_port, timeline))
+    finally:
+        code = up.interrupt()
+    print("\n".join(timeline))
+    assert trained_rate >= base_rate + MARGIN, timeline
+    assert code == 0 and "stopped." in up.log.read_text()
+
+    # The second start reuses the data: the promoted adapter is still the one that serves.
+    restarted = Up(data_dir, port, model_port)
+    restarted.start()
+    try:
+        assert promoted_version(restarted.url) == promoted
+        # The fresh inference server got the serving adapters back before the gateway started.
+        client = openai.OpenAI(base_url=restarted.url + "/v1", api_key="x")
+        served = {client.chat.completions.create(model="apprentice", messages=task_prompt(topic, MAX_WORDS),
+                                                 max_tokens=MAX_TOKENS).model for topic in EVAL_TOPICS[:6]}
+        assert BASE_MODEL not in served and served <= serving_versions(restarted.url)
+    finally:
+        assert restarted.interrupt() == 0
