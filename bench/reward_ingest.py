@@ -29,7 +29,6 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,29 +27,18 @@ from gateway.config import Settings
 from gateway.store.engine import make_async_engine
 from learner.promotion import service
 from tests.conftest import wait_for
-from tests.support.processes import ManagedProcess, free_port, wait_http
+from tests.support.processes import ModelServerProcess
 
 ADMIN_KEY = "sk-admin-promotion-test"
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
-class LocalServerProcess(ManagedProcess):
-    """`apprentice serve-model` on a free port."""
+class LocalServerProcess(ModelServerProcess):
+    """The local server on the tiny model, with a way to read which adapters it holds."""
 
     def __init__(self, workdir: Path, model_dir: Path) -> None:
-        self.port = free_port()
-        super().__init__([sys.executable, "-m", "gateway.cli", "serve-model", "--model", str(model_dir),
-                          "--served-model-name", "tiny", "--port", str(self.port), "--threads", "1",
-                          "--max-lora-rank", "8", "--default-max-tokens", "4", "--log-level", "warning"],
-                         workdir / f"serve-model-{self.port}.log")
-
-    @property
-    def api_base(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> None:
-        super().start()
-        wait_http(f"http://127.0.0.1:{self.port}/health", timeout=120, process=self.process)
+        super().__init__(workdir, model_dir, "tiny", "--threads", "1", "--default-max-tokens", "4",
+                         start_timeout=120)
 
     def models(self) -> dict[str, str | None]:
         return {m["id"]: m.get("root") for m in httpx.get(f"{self.api_base}/models", timeout=30).json()["data"]}

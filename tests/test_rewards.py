@@ -8,7 +8,6 @@ import time
 
 import httpx
 import psycopg
-import pytest
 
 from gateway.store.rewards import MERGE_STATEMENTS
 from tests.conftest import count_rows, wait_for

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import httpx
 import openai
-import pytest
 import yaml
 
 from examples.word_limit_agent import TOPICS, score, task_prompt

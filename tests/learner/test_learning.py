@@ -21,7 +21,6 @@ import hashlib
 import hmac
 import json
 import random
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ import httpx
 import pytest
 
 from tests.conftest import wait_for
-from tests.support.processes import ManagedProcess, free_port, wait_http
+from tests.support.processes import ModelServerProcess
 
 POLICY = "writer"
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -71,25 +70,6 @@ def prompt(thing: str) -> str:
 def reward_of(text: str, finish_reason: str | None) -> float:
     """Verifiable: the answer ended by itself and has 1 to WORD_LIMIT words."""
     return 1.0 if finish_reason == "stop" and 1 <= len(text.split()) <= WORD_LIMIT else 0.0
-
-
-class ModelServer(ManagedProcess):
-    """`apprentice serve-model` with the real SmolLM2 under the policy's base model name."""
-
-    def __init__(self, workdir: Path, model_dir: Path) -> None:
-        self.port = free_port()
-        super().__init__([sys.executable, "-m", "gateway.cli", "serve-model", "--model", str(model_dir),
-                          "--served-model-name", BASE, "--port", str(self.port), "--threads", "2",
-                          "--max-batch-size", "32", "--max-lora-rank", "8", "--log-level", "warning"],
-                         workdir / f"serve-model-{self.port}.log")
-
-    @property
-    def api_base(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> None:
-        super().start()
-        wait_http(f"http://127.0.0.1:{self.port}/health", timeout=180, process=self.process)
 
 
 def sample(client: Any, model: str, things: list[str], seeds: tuple[int, ...], *, raw: bool) -> list[dict[str, Any]]:
@@ -162,7 +142,7 @@ def linked_rewards(db: Any, trajectory_ids: list[str]) -> int:
 
 @pytest.fixture
 def model_server(smollm2_dir: Path, tmp_path: Path):
-    server = ModelServer(tmp_path, smollm2_dir)
+    server = ModelServerProcess(tmp_path, smollm2_dir, BASE, "--threads", "2", "--max-batch-size", "32")
     server.start()
     yield server
     server.stop()

@@ -8,7 +8,6 @@ import sys
 import time
 
 import httpx
-import pytest
 from click.testing import CliRunner
 
 from tests.learner.conftest import free_port, run_server

@@ -121,3 +121,24 @@ class GatewayProcess(ManagedProcess):
             wait_http(self.url + "/healthz", timeout=timeout, process=self.process)
         except (RuntimeError, TimeoutError) as exc:
             raise RuntimeError(f"{exc}\n--- gateway log ---\n{self.log_text()[-4000:]}") from exc
+
+
+class ModelServerProcess(ManagedProcess):
+    """`apprentice serve-model` (the local inference server) on a free port."""
+
+    def __init__(self, workdir: Path, model_dir: Path, served_name: str, *extra_args: str,
+                 start_timeout: float = 180.0) -> None:
+        self.port = free_port()
+        self.start_timeout = start_timeout
+        super().__init__([sys.executable, "-m", "gateway.cli", "serve-model", "--model", str(model_dir),
+                          "--served-model-name", served_name, "--port", str(self.port), "--max-lora-rank", "8",
+                          "--log-level", "warning", *extra_args],
+                         workdir / f"serve-model-{self.port}.log")
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> None:
+        super().start()
+        wait_http(f"http://127.0.0.1:{self.port}/health", timeout=self.start_timeout, process=self.process)
