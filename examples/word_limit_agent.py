@@ -34,6 +34,7 @@ TOPICS = [
     "a kitten", "the sea breeze", "a castle", "a volcano", "spring", "a bridge", "a candle", "the stars",
 ]
 MAX_WORDS = 8
+MIN_POINTS = 12
 
 
 def task_prompt(topic: str, max_words: int) -> list[dict[str, str]]:
@@ -64,7 +65,12 @@ async def main() -> None:
     parser.add_argument("--max-delay", type=float, default=8.0, help="Rewards arrive up to this many seconds late.")
     parser.add_argument("--out", default="docs/example/word_limit", help="Prefix of the .json and .png written.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--replot", action="store_true", help="Only redraw the plot from the .json of a past run.")
     args = parser.parse_args()
+    if args.replot:
+        saved = json.loads(Path(args.out).with_suffix(".json").read_text())
+        report(saved["results"], Path(args.out), saved["max_words"])
+        return
 
     base_url = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
     api_key = os.environ.get("OPENAI_API_KEY", "apprentice-local")
@@ -131,7 +137,9 @@ def plot(results: list[dict[str, object]], path: Path, max_words: int, window: i
         xs = [p[0] for p in points]
         ys = [sum(p[1] for p in points[max(0, i - window + 1): i + 1]) / len(points[max(0, i - window + 1): i + 1])
               for i in range(len(points))]
-        ax.plot(xs, ys, label=version, linewidth=2)
+        start = min(len(points) - 1, MIN_POINTS - 1)  # a mean of a handful of runs says little
+        rate = sum(p[1] for p in points) / len(points)
+        ax.plot(xs[start:], ys[start:], label=f"{version}: {rate:.0%} of {len(points)} runs", linewidth=2)
     ax.set_xlabel("run")
     ax.set_ylabel(f"success rate (moving average of {window} runs)")
     ax.set_title(f"Answers within {max_words} words, by the adapter version that served them")
