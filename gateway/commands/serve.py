@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
+import signal
 import sys
 
 import click
@@ -14,6 +15,10 @@ from gateway.config import Settings
 from gateway.store.schema import SchemaOutOfDate, check_schema
 
 GRACEFUL_SHUTDOWN_S = 30
+
+
+def _exit_normally(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def is_loopback(host: str) -> bool:
@@ -55,6 +60,12 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
         sys.exit(2)
 
     import uvicorn
+
+    # uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown; with the default handler
+    # that kills the process before atexit runs, leaving an embedded PostgreSQL behind. A
+    # graceful stop is a normal exit.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, _exit_normally)
 
     options = dict(host=host, port=port, loop="uvloop", http="httptools", access_log=False,
                    log_level=settings.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
