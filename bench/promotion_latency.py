@@ -41,31 +41,10 @@ import psycopg
 import yaml
 
 from bench.report import machine_line, markdown_table, write_section
+from tests.support.processes import free_port, wait_http
 
 TITLE = "Promotion: training run end to canary traffic"
 ADMIN_KEY = "sk-bench-admin"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_http(url: str, process: subprocess.Popen, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"process exited before {url} answered")
-        try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(url)
 
 
 def make_adapters(model_dir: str, out: Path, count: int) -> list[Path]:
@@ -256,7 +235,7 @@ def main() -> None:
             processes.append(subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "serve-model", "--model", model_dir, "--served-model-name",
                  "bench", "--port", str(server_port), "--log-level", "warning"]))
-            wait_http(f"http://127.0.0.1:{server_port}/health", processes[-1])
+            wait_http(f"http://127.0.0.1:{server_port}/health", timeout=180.0, process=processes[-1])
             policy = {"name": "bench-policy", "base_model": "bench",
                       "endpoints": [f"http://127.0.0.1:{server_port}/v1"],
                       "promotion": {"canary_share": 1.0}}
@@ -266,7 +245,7 @@ def main() -> None:
             config_path.write_text(yaml.safe_dump(config))
             processes.append(subprocess.Popen([sys.executable, "-m", "gateway.cli", "gateway", "--config",
                                                str(config_path), "--port", str(gateway_port)]))
-            wait_http(f"http://127.0.0.1:{gateway_port}/healthz", processes[-1])
+            wait_http(f"http://127.0.0.1:{gateway_port}/healthz", timeout=180.0, process=processes[-1])
             settings = Settings(**config)
             with psycopg.connect(database_url, autocommit=True) as db:
                 results, extra = asyncio.run(trials(database_url, settings, f"http://127.0.0.1:{gateway_port}/v1",
