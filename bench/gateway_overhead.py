@@ -309,7 +309,7 @@ async def start_litellm(binary: Path, upstream_url: str, workers: int, workdir: 
 
 def apprentice_argv() -> list[str]:
     script = Path(sys.executable).parent / "apprentice"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "apprentice.cli"]
 
 
 def gateway_unavailable() -> str | None:

@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 def start_server(model: str, port: int) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve-model", "--model", model,
+    process = subprocess.Popen([sys.executable, "-m", "apprentice.cli", "serve-model", "--model", model,
                                 "--served-model-name", "bench", "--port", str(port), "--log-level", "warning"],
                                env=os.environ.copy())
     deadline = time.monotonic() + 120

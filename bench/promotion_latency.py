@@ -53,7 +53,7 @@ def make_adapters(model_dir: str, out: Path, count: int) -> list[Path]:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from gateway.config import ALL_LINEAR_PROJECTIONS
+    from apprentice.settings import ALL_LINEAR_PROJECTIONS
 
     paths = []
     for i in range(count):
@@ -144,8 +144,8 @@ def first_routed(db: psycopg.Connection, version_id: uuid.UUID, timeout: float =
 
 async def trials(database_url: str, settings: Any, gateway_url: str, adapters: list[Path],
                  db: psycopg.Connection) -> tuple[list[dict[str, float]], dict[str, float]]:
-    from gateway.store.engine import make_async_engine
-    from learner.promotion import lifecycle, loading, service
+    from apprentice.store.engine import make_async_engine
+    from apprentice.promotion import lifecycle, loading, service
 
     engine = make_async_engine(database_url)
     load_times: list[float] = []
@@ -216,8 +216,8 @@ def main() -> None:
 
     from sqlalchemy.engine import make_url
 
-    from gateway.config import Settings
-    from gateway.store.schema import upgrade
+    from apprentice.settings import Settings
+    from apprentice.store.schema import upgrade
     from learner.models import fetch_default_model
 
     load0 = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -233,7 +233,7 @@ def main() -> None:
             adapters = make_adapters(model_dir, Path(tmp), args.trials)
             server_port, gateway_port = free_port(), free_port()
             processes.append(subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve-model", "--model", model_dir, "--served-model-name",
+                [sys.executable, "-m", "apprentice.cli", "serve-model", "--model", model_dir, "--served-model-name",
                  "bench", "--port", str(server_port), "--log-level", "warning"]))
             wait_http(f"http://127.0.0.1:{server_port}/health", timeout=180.0, process=processes[-1])
             policy = {"name": "bench-policy", "base_model": "bench",
@@ -243,7 +243,7 @@ def main() -> None:
                       "auth": {"mode": "keys", "admin_key": ADMIN_KEY}, "policies": [policy]}
             config_path = Path(tmp) / "gateway.yaml"
             config_path.write_text(yaml.safe_dump(config))
-            processes.append(subprocess.Popen([sys.executable, "-m", "gateway.cli", "gateway", "--config",
+            processes.append(subprocess.Popen([sys.executable, "-m", "apprentice.cli", "gateway", "--config",
                                                str(config_path), "--port", str(gateway_port)]))
             wait_http(f"http://127.0.0.1:{gateway_port}/healthz", timeout=180.0, process=processes[-1])
             settings = Settings(**config)

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from gateway import __version__
-from gateway.config import Settings
+from apprentice.settings import Settings
 from gateway.endpoints import operations
 from gateway.endpoints.admin import routes as admin_routes
 from gateway.endpoints.rewards import routes as rewards_routes
@@ -29,7 +29,7 @@ from gateway.endpoints.passthrough import PassthroughEndpoint
 from gateway.http.asgi import Receive, Scope, Send, header
 from gateway.http.errors import ERROR_TYPES, GatewayError, error_body
 from gateway.state import GatewayState
-from gateway.store.schema import check_schema
+from apprentice.store.schema import check_schema
 
 log = logging.getLogger(__name__)
 

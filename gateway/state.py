@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway import metrics
 from gateway.auth.keys import KeyCache, KeyInfo
-from gateway.config import Settings, resolve_secret
+from apprentice.settings import Settings, resolve_secret
 from gateway.endpoints.rewards.linker import RewardLinker
 from gateway.http.asgi import Scope, header
 from gateway.http.errors import GatewayError
@@ -19,8 +19,8 @@ from gateway.journal.shipper import JournalShipper
 from gateway.journal.writer import JournalWriter
 from gateway.policies.versions import PolicyVersions
 from gateway.store.calls import insert_call_lines, stitch_pending
-from gateway.store.engine import make_async_engine
-from gateway.store.secrets import instance_secret
+from apprentice.store.engine import make_async_engine
+from apprentice.store.secrets import instance_secret
 from gateway.trajectories.stitching import StitchIndex
 from gateway.upstreams.direct import make_session
 from gateway.upstreams.routing import Router

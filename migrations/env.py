@@ -11,8 +11,8 @@ import os
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from gateway.store.engine import sqlalchemy_url
-from gateway.store.tables import metadata
+from apprentice.store.engine import sqlalchemy_url
+from apprentice.store.tables import metadata
 
 config = context.config
 target_metadata = metadata

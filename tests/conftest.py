@@ -58,7 +58,7 @@ def _admin(url: str) -> psycopg.Connection:
 @pytest.fixture(scope="session")
 def template_database(pg_admin_url: str) -> Iterator[str]:
     """A database migrated to head once; tests clone it."""
-    from gateway.store.schema import upgrade
+    from apprentice.store.schema import upgrade
 
     name = f"apprentice_tmpl_{uuid.uuid4().hex[:10]}"
     with _admin(pg_admin_url) as connection:

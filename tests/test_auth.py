@@ -19,7 +19,7 @@ from tests.support.processes import REPO_ROOT
 def cli(database_url: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
     config = tmp_path / "cli.yaml"
     config.write_text(yaml.safe_dump({"database_url": database_url, "data_dir": str(tmp_path / "cli-data")}))
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args, "--config", str(config)],
+    return subprocess.run([sys.executable, "-m", "apprentice.cli", *args, "--config", str(config)],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
 
 
@@ -71,7 +71,7 @@ def test_open_mode_refuses_a_public_address(tmp_path, database_url):
     config = tmp_path / "open.yaml"
     config.write_text(yaml.safe_dump({"database_url": database_url, "data_dir": str(tmp_path / "d"),
                                       "auth": {"mode": "open"}}))
-    result = subprocess.run([sys.executable, "-m", "gateway.cli", "gateway", "--config", str(config),
+    result = subprocess.run([sys.executable, "-m", "apprentice.cli", "gateway", "--config", str(config),
                              "--host", "0.0.0.0", "--port", "1"], capture_output=True, text=True, cwd=REPO_ROOT,
                             timeout=60)
     assert result.returncode != 0 and "open mode is for local use only" in result.stderr
@@ -90,7 +90,7 @@ def test_gateway_refuses_an_out_of_date_schema(tmp_path, pg_admin_url):
         url = make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
         config = tmp_path / "old.yaml"
         config.write_text(yaml.safe_dump({"database_url": url, "data_dir": str(tmp_path / "d")}))
-        result = subprocess.run([sys.executable, "-m", "gateway.cli", "gateway", "--config", str(config)],
+        result = subprocess.run([sys.executable, "-m", "apprentice.cli", "gateway", "--config", str(config)],
                                 capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
         assert result.returncode == 2
         assert "apprentice db upgrade" in result.stderr and "empty" in result.stderr

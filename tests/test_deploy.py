@@ -11,7 +11,7 @@ import pytest
 import yaml
 from compose_spec import ComposeSpecification
 
-from gateway.config import load_settings
+from apprentice.settings import load_settings
 from tests.support.processes import REPO_ROOT
 
 DEPLOY = REPO_ROOT / "deploy"

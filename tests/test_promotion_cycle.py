@@ -23,9 +23,9 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from gateway.config import Settings
-from gateway.store.engine import make_async_engine
-from learner.promotion import service
+from apprentice.settings import Settings
+from apprentice.store.engine import make_async_engine
+from apprentice.promotion import service
 from tests.conftest import wait_for
 from tests.support.processes import ModelServerProcess
 

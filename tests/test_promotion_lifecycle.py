@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import Settings
-from gateway.store.engine import make_async_engine
-from learner.promotion import lifecycle, service
-from learner.promotion.lifecycle import TransitionError
+from apprentice.settings import Settings
+from apprentice.store.engine import make_async_engine
+from apprentice.promotion import lifecycle, service
+from apprentice.promotion.lifecycle import TransitionError
 from tests.test_promotion_units import FakeVLLM, client_for
 
 ENDPOINT = "http://vllm:8000"

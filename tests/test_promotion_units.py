@@ -12,10 +12,10 @@ import uuid
 import httpx
 import pytest
 
-from learner.promotion import evaluation as ev
-from learner.promotion import lifecycle, loading
-from learner.promotion.gates import evaluate_gates, json_number
-from learner.promotion.retention import plan_retention
+from apprentice.promotion import evaluation as ev
+from apprentice.promotion import lifecycle, loading
+from apprentice.promotion.gates import evaluate_gates, json_number
+from apprentice.promotion.retention import plan_retention
 
 
 # ---------------------------------------------------------------- statistics
@@ -227,6 +227,6 @@ async def test_loading_is_idempotent_retried_and_verified():
 def test_promotion_does_not_import_torch():
     import subprocess
 
-    code = ("import sys, learner.promotion.service, gateway.endpoints.admin.routes; "
+    code = ("import sys, apprentice.promotion.service, gateway.endpoints.admin.routes; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

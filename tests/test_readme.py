@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from gateway.config import Settings
+from apprentice.settings import Settings
 from tests.support.processes import REPO_ROOT
 
 

@@ -154,7 +154,7 @@ def test_a_key_rewards_only_its_own_tenant(start_gateway, db, database_url, tmp_
     import asyncio
 
     from gateway.auth.keys import create_key
-    from gateway.store.engine import make_async_engine
+    from apprentice.store.engine import make_async_engine
 
     async def keys() -> tuple[str, str]:
         engine = make_async_engine(database_url)

@@ -11,7 +11,7 @@ import httpx
 
 from gateway.auth.keys import create_key
 from gateway.endpoints.rewards.signatures import sign
-from gateway.store.engine import make_async_engine
+from apprentice.store.engine import make_async_engine
 from tests.conftest import count_rows, wait_for
 
 SECRET = "whsec_test_3c9f0a7d1e2b4c5d"

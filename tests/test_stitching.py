@@ -108,7 +108,7 @@ def test_tenants_do_not_share_trajectories(start_gateway, database_url, db):
     import asyncio
 
     from gateway.auth.keys import create_key
-    from gateway.store.engine import make_async_engine
+    from apprentice.store.engine import make_async_engine
 
     async def make_keys() -> list[str]:
         engine = make_async_engine(database_url)

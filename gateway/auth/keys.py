@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.store.tables import api_keys
+from apprentice.store.tables import api_keys
 
 log = logging.getLogger(__name__)
 

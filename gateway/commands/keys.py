@@ -10,8 +10,8 @@ import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.auth import keys
-from gateway.commands.common import config_option, database_url, load
-from gateway.store.engine import make_async_engine
+from apprentice.commands.common import config_option, database_url, load
+from apprentice.store.engine import make_async_engine
 
 T = TypeVar("T")
 

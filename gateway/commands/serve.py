@@ -10,9 +10,9 @@ import sys
 
 import click
 
-from gateway.commands.common import config_option, database_url, load, setup_logging
-from gateway.config import Settings
-from gateway.store.schema import SchemaOutOfDate, check_schema
+from apprentice.commands.common import config_option, database_url, load, setup_logging
+from apprentice.settings import Settings
+from apprentice.store.schema import SchemaOutOfDate, check_schema
 
 GRACEFUL_SHUTDOWN_S = 30
 
@@ -33,7 +33,7 @@ def is_loopback(host: str) -> bool:
 def app_from_environment():  # noqa: ANN201 - uvicorn factory for worker processes
     """Each worker builds its app from the config and database URL the parent exported."""
     from gateway.app import create_app
-    from gateway.config import load_settings
+    from apprentice.settings import load_settings
 
     settings = load_settings()
     return create_app(settings, os.environ["APPRENTICE_DATABASE_URL"], check_schema_on_start=False)

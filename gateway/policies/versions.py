@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.store.tables import adapter_versions
+from apprentice.store.tables import adapter_versions
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.config import ModelEntry, PolicySettings, Settings, resolve_secret
+from apprentice.settings import ModelEntry, PolicySettings, Settings, resolve_secret
 
 
 WILDCARD = "*"

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.config import VLLM_LORA_RANKS
+from apprentice.settings import VLLM_LORA_RANKS
 
 TRAINABLE_ADAPTER = "default"
 ADAPTER_CONFIG = "adapter_config.json"

@@ -63,7 +63,7 @@ class TrainerConfig:
 
     @classmethod
     def from_settings(cls, learning: Any) -> "TrainerConfig":
-        """From gateway.config.LearningSettings (or anything with the same attributes)."""
+        """From apprentice.settings.LearningSettings (or anything with the same attributes)."""
         return cls(**{name: getattr(learning, name) for name in cls.__dataclass_fields__})
 
 

@@ -10,7 +10,7 @@ import json
 
 import click
 
-from gateway.commands.common import config_option, load, setup_logging
+from apprentice.commands.common import config_option, load, setup_logging
 
 
 @click.command("learn")

@@ -36,7 +36,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from gateway.config import PolicySettings, Settings
+from apprentice.settings import PolicySettings, Settings
 from learner.grpo.advantages import group_advantages
 from learner.grpo.grouping import Grouping, make_groups
 from learner.jobs.selection import Selection, select
@@ -94,7 +94,7 @@ def adapters_dir(settings: Settings, policy: PolicySettings) -> Path:
 
 
 def _database_url(settings: Settings, database_url: str | None) -> str:
-    from gateway.store.engine import ensure_database_url, libpq_url
+    from apprentice.store.engine import ensure_database_url, libpq_url
 
     # ensure_database_url exports the URL to the environment (for gateway workers); a learner
     # given its database needs no such side effect.
@@ -296,7 +296,7 @@ def _train_and_record(connection: psycopg.Connection, settings: Settings, policy
                           fresh=promoted is None, pad_token_id=tokenizer.pad_token_id or 0, progress=progress)
     result = trainer.train(samples)
     metrics["train"] = result.as_metrics()
-    # read by the promotion gates (learner.promotion.gates.kl_of): drift from the incumbent
+    # read by the promotion gates (apprentice.promotion.gates.kl_of): drift from the incumbent
     metrics["kl_to_incumbent"] = result.kl_to_start
     trained_ids = [samples[i].trajectory_id for i in range(len(samples))] if result.optimizer_steps else []
     rewards = [s.reward for s in samples]

@@ -10,7 +10,7 @@ All runs go through one worker thread, so two policies never train at once on th
 (max_instances=1, coalesce). Across machines, run_once's advisory lock keeps one learner per
 policy; a run that finds the lock taken returns "busy" and costs nothing.
 
-Promotion (`learner.promotion.service.promotion_tick`: gates, canary start, canary verdict,
+Promotion (`apprentice.promotion.service.promotion_tick`: gates, canary start, canary verdict,
 reconciling the endpoints, retention) runs every `promotion_interval_s` on its own thread, so
 that a long training run does not hold up a canary's verdict, and right after a run produced
 a candidate.
@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-from gateway.config import PolicySettings, Settings
+from apprentice.settings import PolicySettings, Settings
 from learner.jobs.run import RunOutcome, _database_url, run_once
 from learner.jobs.selection import count_new_groups
 
@@ -67,7 +67,7 @@ class Learner:
 
     def promote(self, policies: list[str] | None = None) -> Any:
         """One pass of the promotion job; its failures are logged, never raised into the scheduler."""
-        from learner.promotion.service import run_promotion_tick
+        from apprentice.promotion.service import run_promotion_tick
 
         try:
             report = run_promotion_tick(self.settings, self.url, policies=policies)

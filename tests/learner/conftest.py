@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from apprentice.processes import free_port
 from tests.learner.tiny_model import build_tiny_model
 
 
@@ -59,12 +59,6 @@ def adapter_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
         return make_adapter(base_dir, tmp_path_factory.mktemp("adapter"), **kwargs)
 
     return factory
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -26,7 +26,7 @@ import openai
 import yaml
 
 from examples.word_limit_agent import TOPICS, score, task_prompt
-from gateway.commands.up import default_config
+from apprentice.commands.up import default_config
 from tests.support.processes import REPO_ROOT, free_port, wait_http
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -56,7 +56,7 @@ def write_config(data_dir: Path, port: int, model_port: int) -> None:
 
 class Up:
     def __init__(self, data_dir: Path, port: int, model_port: int) -> None:
-        self.args = [sys.executable, "-m", "gateway.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
+        self.args = [sys.executable, "-m", "apprentice.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
                      "--model-port", str(model_port)]
         self.log = data_dir.parent / "up.log"
         self.url = f"http://127.0.0.1:{port}"

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from gateway.config import Settings
+from apprentice.settings import Settings
 from learner.jobs import run as run_module
 from learner.jobs.run import LOCK_CLASS, lock_key, run_once
 

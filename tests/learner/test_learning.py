@@ -153,7 +153,7 @@ def test_the_learner_improves_the_policy_from_its_own_rewarded_traffic(model_ser
     import openai
     import torch
 
-    from gateway.config import Settings
+    from apprentice.settings import Settings
     from learner.jobs.run import run_once
 
     started = time.monotonic()

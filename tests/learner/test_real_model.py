@@ -10,7 +10,8 @@ import time
 import httpx
 from click.testing import CliRunner
 
-from tests.learner.conftest import free_port, run_server
+from apprentice.processes import free_port
+from tests.learner.conftest import run_server
 
 
 def test_fetch_model_is_idempotent(smollm2_dir):
@@ -43,7 +44,7 @@ def test_serve_model_command(tiny_model_dir):
     """`apprentice serve-model` in its own process, with an API key as vLLM's --api-key."""
     port = free_port()
     env = {**os.environ, "VLLM_API_KEY": "sekret"}
-    process = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve-model", "--model", str(tiny_model_dir),
+    process = subprocess.Popen([sys.executable, "-m", "apprentice.cli", "serve-model", "--model", str(tiny_model_dir),
                                 "--port", str(port), "--log-level", "warning"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

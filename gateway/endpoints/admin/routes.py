@@ -16,9 +16,9 @@ from gateway.endpoints.admin.protocol import (ActionIn, ActionOut, PolicyListOut
                                               PromoteIn, RollbackIn, VersionDetailOut, VersionListOut)
 from gateway.http.errors import GatewayError
 from gateway.state import GatewayState
-from learner.promotion import service
-from learner.promotion.lifecycle import TransitionError, VersionNotFound
-from learner.promotion.loading import LoadError
+from apprentice.promotion import service
+from apprentice.promotion.lifecycle import TransitionError, VersionNotFound
+from apprentice.promotion.loading import LoadError
 
 router = APIRouter(tags=["admin"])
 

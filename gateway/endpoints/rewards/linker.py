@@ -15,7 +15,7 @@ import time
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.config import Settings
+from apprentice.settings import Settings
 from gateway.endpoints.rewards.rules import RewardRules
 from gateway.store.rewards import forget_old_signatures, link_pending_rewards
 

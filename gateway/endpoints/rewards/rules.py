@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.config import PolicySettings, Settings
+from apprentice.settings import PolicySettings, Settings
 from gateway.endpoints.rewards.protocol import DEFAULT_REWARD_NAME
 
 

@@ -20,7 +20,7 @@ import hmac
 import time
 from dataclasses import dataclass
 
-from gateway.config import ConfigError, WebhookSecret, resolve_secret
+from apprentice.settings import ConfigError, WebhookSecret, resolve_secret
 from gateway.http.errors import GatewayError
 
 SIGNATURE_HEADER = "Apprentice-Signature"

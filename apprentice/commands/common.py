@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 import click
 
-from gateway.config import ConfigError, Settings, load_settings
-from gateway.store.engine import ensure_database_url, redact
+from apprentice.settings import ConfigError, Settings, load_settings
+from apprentice.store.engine import ensure_database_url, redact
 
 
 def config_option(function: Callable[..., Any]) -> Callable[..., Any]:

@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from sqlalchemy import func, insert, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from gateway.store.tables import adapter_transitions, adapter_versions, policy_state
+from apprentice.store.tables import adapter_transitions, adapter_versions, policy_state
 
 STATUSES = ("candidate", "canary", "promoted", "retired", "rejected")
 SERVING = ("canary", "promoted")

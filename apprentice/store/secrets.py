@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.store.tables import instance_secrets
+from apprentice.store.tables import instance_secrets
 
 
 async def instance_secret(engine: AsyncEngine, name: str, nbytes: int = 32) -> bytes:

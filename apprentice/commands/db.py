@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from gateway.commands.common import config_option, database_url, load
-from gateway.store import schema
+from apprentice.commands.common import config_option, database_url, load
+from apprentice.store import schema
 
 
 @click.group("db")

@@ -10,7 +10,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from gateway.store.engine import make_sync_engine
+from apprentice.store.engine import make_sync_engine
 
 UPGRADE_HINT = "apprentice db upgrade"
 

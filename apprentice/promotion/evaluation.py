@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from gateway.store.tables import rewards, trajectories
+from apprentice.store.tables import rewards, trajectories
 
 BETTER, WORSE, INCONCLUSIVE, INSUFFICIENT = "better", "worse", "inconclusive", "insufficient"
 PROMOTE, REJECT, WAIT, TIMEOUT, REVIEW = "promote", "reject", "wait", "timeout", "review"

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.store.tables import adapter_transitions, adapter_versions
+from apprentice.store.tables import adapter_transitions, adapter_versions
 
 log = logging.getLogger(__name__)
 

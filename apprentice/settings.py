@@ -261,7 +261,7 @@ class PolicySettings(BaseModel):
     metrics: list[str] | None = None
     # The learner: GRPO on LoRA from this policy's rewarded trajectories.
     learning: LearningSettings = Field(default_factory=LearningSettings)
-    # Promotion of its adapters: gates, canary, evaluation, retention (learner/promotion).
+    # Promotion of its adapters: gates, canary, evaluation, retention (apprentice/promotion).
     promotion: PromotionSettings = Field(default_factory=PromotionSettings)
 
     @field_validator("endpoints")
@@ -327,6 +327,23 @@ class RewardSettings(BaseModel):
     max_comment_chars: int = 4096
 
 
+class LocalModelServerSettings(BaseModel):
+    """A local inference server (`apprentice serve-model`) that `apprentice up` starts and
+    stops with the rest; policies reach it at `url` like any other endpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    host: str = "127.0.0.1"
+    port: int = 8001
+    # The first start fetches and converts the default model: minutes on a slow link.
+    start_timeout_s: float = 900.0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="APPRENTICE_", env_nested_delimiter="__", extra="ignore"
@@ -348,6 +365,8 @@ class Settings(BaseSettings):
     model_list: list[ModelEntry] = Field(default_factory=list)
     router_settings: RouterSettings = Field(default_factory=RouterSettings)
     policies: list[PolicySettings] = Field(default_factory=list)
+    # Started by `apprentice up` beside the gateway and the learner (none by default).
+    local_model_server: LocalModelServerSettings | None = None
     # How often each gateway process reads which adapter versions serve the policies.
     adapter_poll_interval_s: float = 1.0
     # model_name of the deployment that receives endpoints other than chat completions

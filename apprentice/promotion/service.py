@@ -39,13 +39,13 @@ import httpx
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.config import PolicySettings, Settings, resolve_secret
-from gateway.store.tables import adapter_transitions, adapter_versions, policy_state, training_runs
-from learner.promotion import evaluation as ev
-from learner.promotion import lifecycle, loading
-from learner.promotion.gates import FAIL, PASS, GateReport, evaluate_gates, json_number
-from learner.promotion.lifecycle import TransitionError, TransitionResult, VersionNotFound
-from learner.promotion.retention import apply_retention
+from apprentice.settings import PolicySettings, Settings, resolve_secret
+from apprentice.store.tables import adapter_transitions, adapter_versions, policy_state, training_runs
+from apprentice.promotion import evaluation as ev
+from apprentice.promotion import lifecycle, loading
+from apprentice.promotion.gates import FAIL, PASS, GateReport, evaluate_gates, json_number
+from apprentice.promotion.lifecycle import TransitionError, TransitionResult, VersionNotFound
+from apprentice.promotion.retention import apply_retention
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +307,7 @@ def run_promotion_tick(settings: Settings, database_url: str, *, policies: list[
     event loop and a small engine, disposed afterwards."""
     import asyncio
 
-    from gateway.store.engine import make_async_engine
+    from apprentice.store.engine import make_async_engine
 
     async def once() -> TickReport:
         engine = make_async_engine(database_url, pool_size=2, max_overflow=2)
