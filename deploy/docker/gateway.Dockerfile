@@ -3,6 +3,7 @@ FROM python:3.11-slim
 WORKDIR /app
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LITELLM_LOCAL_MODEL_COST_MAP=True
 COPY pyproject.toml README.md alembic.ini ./
+COPY apprentice ./apprentice
 COPY gateway ./gateway
 COPY learner ./learner
 COPY migrations ./migrations

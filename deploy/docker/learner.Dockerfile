@@ -3,6 +3,7 @@ FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
 WORKDIR /app
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LITELLM_LOCAL_MODEL_COST_MAP=True
 COPY pyproject.toml README.md alembic.ini ./
+COPY apprentice ./apprentice
 COPY gateway ./gateway
 COPY learner ./learner
 COPY migrations ./migrations
