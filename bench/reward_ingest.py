@@ -39,7 +39,7 @@ import orjson  # noqa: E402
 import psycopg  # noqa: E402
 
 from bench.report import machine_line, markdown_table, write_section  # noqa: E402
-from gateway.endpoints.rewards.signatures import sign  # noqa: E402
+from gateway.rewards.signatures import sign  # noqa: E402
 from apprentice.store.schema import upgrade  # noqa: E402
 from tests.conftest import gateway_config  # noqa: E402
 from tests.support.processes import FakeUpstreamProcess, GatewayProcess  # noqa: E402

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway import metrics
 from gateway.auth.keys import KeyCache, KeyInfo
 from apprentice.settings import Settings, resolve_secret
-from gateway.endpoints.rewards.linker import RewardLinker
+from gateway.rewards.linker import RewardLinker
 from gateway.http.asgi import Scope, header
 from gateway.http.errors import GatewayError
 from gateway.journal.shipper import JournalShipper

@@ -10,7 +10,7 @@ from collections import Counter
 
 import httpx
 
-from gateway.endpoints.rewards.signatures import sign
+from gateway.rewards.signatures import sign
 from tests.conftest import count_rows, wait_for
 
 SECRET = "whsec_concurrency_test"

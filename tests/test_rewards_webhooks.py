@@ -10,7 +10,7 @@ import time
 import httpx
 
 from gateway.auth.keys import create_key
-from gateway.endpoints.rewards.signatures import sign
+from gateway.rewards.signatures import sign
 from apprentice.store.engine import make_async_engine
 from tests.conftest import count_rows, wait_for
 

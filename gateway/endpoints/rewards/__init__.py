@@ -1,2 +1,2 @@
-"""POST /v1/rewards and the pending-reward report: wire types (protocol), HMAC checks
-(signatures), policy rules (rules), the background linker (linker) and the routes."""
+"""POST /v1/rewards and the pending-reward report: wire types (protocol) and routes. The reward rules,
+webhook signatures and the background linker are domain logic and live in gateway/rewards/."""

@@ -12,8 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from gateway.rewards.rules import DEFAULT_REWARD_NAME
+
 NAME_PATTERN = r"^[A-Za-z0-9_.:\-/]{1,64}$"
-DEFAULT_REWARD_NAME = "reward"
 MAX_METRICS = 64
 
 

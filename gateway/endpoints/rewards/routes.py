@@ -19,8 +19,8 @@ from gateway.endpoints.rewards.protocol import (
     RewardListOut,
     RewardOut,
 )
-from gateway.endpoints.rewards.rules import RewardRules
-from gateway.endpoints.rewards.signatures import SIGNATURE_HEADER, SignatureVerifier
+from gateway.rewards.rules import RewardRules
+from gateway.rewards.signatures import SIGNATURE_HEADER, SignatureVerifier
 from gateway.http.errors import GatewayError
 from gateway.state import GatewayState
 from gateway.store.rewards import ReplayedSignature, content_hash, ingest_rewards, list_unlinked

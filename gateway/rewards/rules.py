@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from apprentice.settings import PolicySettings, Settings
-from gateway.endpoints.rewards.protocol import DEFAULT_REWARD_NAME
+
+# The reward the learner trains on; other names are extra measurements a policy may declare.
+DEFAULT_REWARD_NAME = "reward"
 
 
 @dataclass(frozen=True, slots=True)

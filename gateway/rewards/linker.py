@@ -16,7 +16,7 @@ import time
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apprentice.settings import Settings
-from gateway.endpoints.rewards.rules import RewardRules
+from gateway.rewards.rules import RewardRules
 from gateway.store.rewards import forget_old_signatures, link_pending_rewards
 
 log = logging.getLogger(__name__)
