@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from learner.chat_template import render_chat_ids
+
 NAN = float("nan")
 
 
@@ -145,14 +147,11 @@ def exact_call_tokens(call: CallRecord) -> CallTokens:
 
 def _render_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool,
                 kwargs: dict[str, Any]) -> list[int]:
-    from learner.serving.serving_chat import _normalize_messages  # render exactly as the server does
-
+    """The call's chat rendered exactly as the server rendered it (see learner/chat_template.py)."""
     options = dict(kwargs)
     if tools:
         options["tools"] = tools
-    text = tokenizer.apply_chat_template(_normalize_messages(messages), tokenize=False,
-                                         add_generation_prompt=generation_prompt, **options)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return render_chat_ids(tokenizer, messages, add_generation_prompt=generation_prompt, **options)
 
 
 def end_of_turn_ids(tokenizer: Any) -> set[int]:

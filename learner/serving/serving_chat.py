@@ -1,7 +1,8 @@
 """`POST /v1/chat/completions`: render the chat, run the engine, answer as vLLM does.
 
 Mirrors vLLM's `OpenAIServingChat`: the chat template renders the messages (and `tools`,
-for templates that use them) to text, which is tokenized without extra special tokens; the
+for templates that use them) to text, which is tokenized without extra special tokens
+(learner/chat_template.py: the trainer renders recorded chats the same way); the
 answer carries `prompt_token_ids` and per-choice `token_ids` when `return_token_ids` is set,
 OpenAI-shaped `logprobs`, `stop_reason`, and streams as SSE chunks ending in `[DONE]`.
 Tool calls are not parsed out of the generated text (vLLM needs a `--tool-call-parser` for
@@ -10,13 +11,13 @@ that too); the text comes back as the message content.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, AsyncIterator
 
+from learner.chat_template import render_chat_ids
 from learner.serving.engine import GenerationEngine, SequenceUpdate, TokenLogprob, UnknownAdapterError
 from learner.serving.protocol import (APIError, ChatCompletionLogProb, ChatCompletionLogProbs,
                                       ChatCompletionLogProbsContent, ChatCompletionRequest, ChatCompletionResponse,
@@ -35,37 +36,6 @@ class _Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-
-
-def _normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI message shapes -> what HF chat templates expect (text parts joined, tool args as dicts)."""
-    out = []
-    for message in messages:
-        message = dict(message)
-        content = message.get("content")
-        if isinstance(content, list):
-            message["content"] = "".join(part.get("text", "") for part in content
-                                         if isinstance(part, dict) and part.get("type") in ("text", None))
-        elif content is None:
-            message["content"] = ""
-        calls = message.get("tool_calls")
-        if calls:
-            message["tool_calls"] = [_tool_call_for_template(call) for call in calls]
-        out.append(message)
-    return out
-
-
-def _tool_call_for_template(call: dict[str, Any]) -> dict[str, Any]:
-    call = dict(call)
-    function = dict(call.get("function") or {})
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        try:
-            function["arguments"] = json.loads(arguments)
-        except ValueError:
-            pass
-    call["function"] = function
-    return call
 
 
 class OpenAIServingChat:
@@ -87,13 +57,11 @@ class OpenAIServingChat:
         if request.chat_template:
             kwargs["chat_template"] = request.chat_template
         try:
-            text = self.tokenizer.apply_chat_template(
-                _normalize_messages(request.messages), tokenize=False,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=request.continue_final_message, **kwargs)
+            return render_chat_ids(self.tokenizer, request.messages,
+                                   add_generation_prompt=request.add_generation_prompt,
+                                   continue_final_message=request.continue_final_message, **kwargs)
         except Exception as exc:  # template errors are the request's fault (bad roles, ...)
             raise APIError(f"Could not apply the chat template: {exc}") from exc
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def sampling_params(self, request: ChatCompletionRequest, prompt_len: int) -> SamplingParams:
         room = self.max_model_len - prompt_len
