@@ -8,7 +8,11 @@ the request, so tests can check that the gateway forwards and records them faith
 - `tools` (unless `tool_choice` is "none") makes the answer a call of the first tool.
 - `n`, `logprobs`/`top_logprobs`, `stream` with `stream_options.include_usage`, and vLLM's
   `return_token_ids` are honoured.
-- Header `X-Fake-Chunks` sets how many content chunks a stream has (default 20).
+- Header `X-Fake-Chunks` sets how many content chunks a stream has (default 20). The body
+  field `fake_stream` (passed through by the gateway like any unknown field) shapes a
+  stream further: `chunks`, `line_ending: "crlf"` (as sse-starlette writes), `chunk_delay_ms`
+  between writes, and `split_done_ms`: the final `data: [DONE]` written in two parts that
+  far apart.
 - `GET /_requests` returns the bodies received (newest last); `DELETE /_requests` clears them.
 
 Run it alone with `python -m tests.support.fake_upstream --port 9100`.
@@ -171,15 +175,21 @@ class FakeUpstream:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         n = int(body.get("n") or 1)
-        chunks = int(request.headers.get("X-Fake-Chunks", DEFAULT_CHUNKS))
+        shape = body.get("fake_stream") or {}
+        chunks = int(shape.get("chunks") or request.headers.get("X-Fake-Chunks", DEFAULT_CHUNKS))
         created = int(time.time())
         base = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
                 "model": body.get("model"), "system_fingerprint": "fp_fake"}
         if body.get("stream_options", {}).get("include_usage"):
             base["usage"] = None
+        end = b"\r\n\r\n" if shape.get("line_ending") == "crlf" else b"\n\n"
+        delay_s = float(shape.get("chunk_delay_ms") or 0) / 1000
+        split_done_ms = shape.get("split_done_ms")
 
         async def send(choices: list[dict[str, Any]], **extra: Any) -> None:
-            await response.write(b"data: " + orjson.dumps({**base, "choices": choices, **extra}) + b"\n\n")
+            await response.write(b"data: " + orjson.dumps({**base, "choices": choices, **extra}) + end)
+            if delay_s:
+                await asyncio.sleep(delay_s)
 
         for index in range(n):
             await send([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
@@ -209,7 +219,12 @@ class FakeUpstream:
             await send([{"index": index, "delta": {}, "logprobs": None, "finish_reason": "stop"}])
         if body.get("stream_options", {}).get("include_usage"):
             await send([], usage=self._usage(body, n))
-        await response.write(b"data: [DONE]\n\n")
+        if split_done_ms is not None:
+            await response.write(b"data: [DO")
+            await asyncio.sleep(float(split_done_ms) / 1000)
+            await response.write(b"NE]" + end)
+        else:
+            await response.write(b"data: [DONE]" + end)
         await response.write_eof()
         return response
 

@@ -18,8 +18,9 @@ import orjson
 from gateway import metrics
 from gateway.auth.keys import KeyInfo
 from gateway.endpoints.chat_completions.assembly import assemble_completion, parse_sse_events
-from gateway.endpoints.chat_completions.policy_tokens import StreamStripper, TokenCapture, capture_for, strip_answer
+from gateway.endpoints.chat_completions.policy_tokens import TokenCapture, capture_for, event_stripper, strip_answer
 from gateway.endpoints.chat_completions.request import ChatRequest, parse_chat_request
+from gateway.endpoints.chat_completions.sse import EventRelay
 from gateway.http.asgi import JSON_HEADERS, SSE_HEADERS, Receive, Scope, Send, header, read_body, send_error, send_response
 from gateway.http.errors import GatewayError, UpstreamStatusError, error_body
 from gateway.state import GatewayState
@@ -44,7 +45,6 @@ from gateway.upstreams.routing import RoutePlan, UnknownModel, UpstreamTarget
 
 log = logging.getLogger(__name__)
 
-DONE_EVENT = b"data: [DONE]"
 ENDPOINT = "chat.completions"
 
 
@@ -244,30 +244,25 @@ class ChatCompletionsEndpoint:
         await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *call.headers]})
         received: list[bytes] = []
         error: dict[str, Any] | None = None
-        held = b""
-        stripper = StreamStripper(call.capture) if call.capture is not None else None
+        # Whole events only; the final `[DONE]` is held back until the call is journaled.
+        relay = EventRelay(event_stripper(call.capture) if call.capture is not None else None)
         try:
             async for chunk in chunks:
                 if call.ttft_ms is None:
                     call.ttft_ms = (time.perf_counter() - call.started) * 1000.0
                     metrics.TTFT.observe(call.ttft_ms / 1000.0)
                 received.append(chunk)
-                if stripper is not None:
-                    chunk = stripper.feed(chunk)
-                # Hold back the final `[DONE]` until the call is journaled (see module docstring).
-                done_at = chunk.rfind(DONE_EVENT)
-                if done_at >= 0:
-                    chunk, held = chunk[:done_at], chunk[done_at:]
-                if chunk:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                ready = relay.feed(chunk)
+                if ready:
+                    await send({"type": "http.response.body", "body": ready, "more_body": True})
+            rest = relay.finish()
         except Exception as exc:  # the upstream broke off mid-stream: the client sees an error event
             error = {"error": {"message": f"upstream stream failed: {type(exc).__name__}: {exc}",
                                "type": "upstream_error", "param": None, "code": "stream_interrupted"}}
             metrics.UPSTREAM_ERRORS.labels(call.target.name if call.target else "none", "stream").inc()
-            held = b"data: " + error_body(error["error"]["message"], "upstream_error", None,
+            rest = b"data: " + error_body(error["error"]["message"], "upstream_error", None,
                                           "stream_interrupted") + b"\n\n"
         response = assemble_completion(parse_sse_events(b"".join(received)))
         self._finish(call, 200, response, error)
-        rest = stripper.flush() if stripper is not None else b""
-        await send({"type": "http.response.body", "body": rest + held, "more_body": False})
+        await send({"type": "http.response.body", "body": rest, "more_body": False})
         return 200

@@ -7,6 +7,7 @@ whatever the client did not ask for, so the client sees what it would have seen 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,29 +60,17 @@ def strip_answer(answer: dict[str, Any], capture: TokenCapture) -> dict[str, Any
     return stripped
 
 
-class StreamStripper:
-    """Rewrites a stream's events as they pass; events may arrive split across reads."""
+def event_stripper(capture: TokenCapture) -> Callable[[bytes], bytes]:
+    """A rewrite for sse.EventRelay: a stream event without the fields the client did not ask for."""
 
-    def __init__(self, capture: TokenCapture) -> None:
-        self.capture = capture
-        self._pending = b""
+    def strip_event(event: bytes) -> bytes:
+        if event.startswith(b"data:"):
+            payload = event[5:].lstrip(b" ")
+            if payload.startswith(b"{"):
+                try:
+                    return b"data: " + orjson.dumps(strip_answer(orjson.loads(payload), capture))
+                except orjson.JSONDecodeError:
+                    pass
+        return event
 
-    def feed(self, data: bytes) -> bytes:
-        self._pending += data
-        end = self._pending.rfind(b"\n\n")
-        if end < 0:
-            return b""
-        complete, self._pending = self._pending[: end + 2], self._pending[end + 2 :]
-        return b"".join(self._rewrite(event) for event in complete.split(b"\n\n") if event)
-
-    def flush(self) -> bytes:
-        rest, self._pending = self._pending, b""
-        return self._rewrite(rest) if rest.strip() else b""
-
-    def _rewrite(self, event: bytes) -> bytes:
-        if event.startswith(b"data: {"):
-            try:
-                return b"data: " + orjson.dumps(strip_answer(orjson.loads(event[6:]), self.capture)) + b"\n\n"
-            except orjson.JSONDecodeError:
-                pass
-        return event + b"\n\n"
+    return strip_event
