@@ -127,3 +127,43 @@ def test_tenants_do_not_share_trajectories(start_gateway, database_url, db):
     assert ids[0] != ids[1]
     wait_for(lambda: count_rows(db, "SELECT count(*) FROM trajectories") == 2)
     assert {r[0] for r in db.execute("SELECT tenant FROM trajectories").fetchall()} == {"acme", "globex"}
+
+
+def test_another_tenants_echoed_id_starts_a_trajectory_of_the_caller(start_gateway, database_url, db):
+    """Tenant B sending tenant A's trajectory id neither joins A's trajectory nor learns it exists."""
+    import asyncio
+
+    from apprentice.store.engine import make_async_engine
+    from gateway.auth.keys import create_key
+
+    async def make_keys() -> list[str]:
+        engine = make_async_engine(database_url)
+        keys = [(await create_key(engine, name=t, tenant=t))[1] for t in ("acme", "globex")]
+        await engine.dispose()
+        return keys
+
+    acme_key, globex_key = asyncio.run(make_keys())
+    gateway = start_gateway(auth={"mode": "keys"})
+    acme = openai.OpenAI(base_url=gateway.base_url, api_key=acme_key, max_retries=0)
+    globex = openai.OpenAI(base_url=gateway.base_url, api_key=globex_key, max_retries=0)
+    first = acme.chat.completions.with_raw_response.create(model="fake-model", messages=[{"role": "user", "content": "a"}])
+    acme_id = first.headers["x-trajectory-id"]
+    assert uuid.UUID(acme_id).version == 7
+
+    def echo(client: openai.OpenAI, trajectory_id: str) -> str:
+        raw = client.chat.completions.with_raw_response.create(
+            model="fake-model", messages=[{"role": "user", "content": "b"}], extra_headers={"X-Trajectory-Id": trajectory_id})
+        return raw.headers["x-trajectory-id"]
+
+    stolen = echo(globex, acme_id)
+    never_issued = str(uuid.UUID(int=uuid.UUID(acme_id).int ^ 1))  # a v7 id nobody was given
+    assert stolen != acme_id and echo(globex, never_issued) != never_issued
+    assert echo(globex, acme_id) == stolen, "the same name keeps naming the caller's own trajectory"
+    assert echo(acme, acme_id) == acme_id, "the owner's echo still continues its run"
+    wait_for(lambda: count_rows(db, "SELECT count(*) FROM calls") == 5)
+    tenants_in_acme_trajectory = db.execute(
+        "SELECT DISTINCT tenant FROM calls WHERE trajectory_id = %s", (acme_id,)).fetchall()
+    assert tenants_in_acme_trajectory == [("acme",)]
+    assert count_rows(db, "SELECT call_count FROM trajectories WHERE id = %s", acme_id) == 2
+    row = db.execute("SELECT tenant, client_trajectory_id FROM trajectories WHERE id = %s", (stolen,)).fetchone()
+    assert row == ("globex", acme_id)

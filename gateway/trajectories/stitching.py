@@ -50,37 +50,71 @@ def _forget_pool_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
+VERSION_SHIFT, VARIANT_SHIFT = 76, 62
+TAG_BITS = 32  # of a trajectory id's random bits, keyed to its tenant (see tenant_tag)
+
+
+def _set_version(value: int, version: int) -> int:
+    value = (value & ~(0xF << VERSION_SHIFT)) | (version << VERSION_SHIFT)
+    return (value & ~(0x3 << VARIANT_SHIFT)) | (0x2 << VARIANT_SHIFT)  # RFC 9562 variant
+
+
 def uuid7() -> uuid.UUID:
     """Time-ordered UUID (RFC 9562 v7): new rows land at the end of the primary-key index.
 
-    Its 74 random bits come from the OS's CSPRNG: a client may echo an id back as its
-    trajectory name, so ids must not be guessable."""
+    Its 74 random bits come from the OS's CSPRNG: ids must not be guessable."""
     ms = time.time_ns() // 1_000_000
     value = (ms & ((1 << 48) - 1)) << 80 | int.from_bytes(_random_bytes(10), "big") & ((1 << 80) - 1)
-    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # variant
-    return uuid.UUID(int=value)
+    return uuid.UUID(int=_set_version(value, 7))
+
+
+def tenant_tag(secret: bytes, tenant: str, value: int) -> int:
+    """A keyed tag of an id's other bits and its tenant, stored in the id's low 32 bits.
+
+    A client may echo a trajectory id back to continue its run. The tag lets any gateway
+    process check, without the database, that the id was issued to the caller's tenant: an
+    id of tenant A sent by tenant B fails the check and is taken as B's own client name, so
+    B can neither write into A's trajectory nor learn whether A's id exists.
+    """
+    body = (value >> TAG_BITS).to_bytes(12, "big")
+    digest = hmac.new(secret, b"trajectory-tag\x00" + tenant.encode() + b"\x00" + body, hashlib.sha256).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def _tagged(secret: bytes, tenant: str, value: int, version: int) -> uuid.UUID:
+    value = _set_version(value, version)
+    return uuid.UUID(int=(value & ~((1 << TAG_BITS) - 1)) | tenant_tag(secret, tenant, value))
+
+
+def new_trajectory_id(secret: bytes, tenant: str) -> uuid.UUID:
+    """A v7 id (time-ordered) of a new trajectory, tagged for its tenant: 42 random bits
+    and a 32-bit tag, where a plain v7 id has 74 random bits."""
+    return _tagged(secret, tenant, uuid7().int, 7)
+
+
+def issued_to(secret: bytes, tenant: str, trajectory_id: uuid.UUID) -> bool:
+    """Whether this installation issued `trajectory_id` to `tenant` (v7 or v8, tag matching)."""
+    if trajectory_id.version not in (7, 8):
+        return False
+    return trajectory_id.int & ((1 << TAG_BITS) - 1) == tenant_tag(secret, tenant, trajectory_id.int)
 
 
 def trajectory_id_for_client(secret: bytes, tenant: str, client_id: str) -> uuid.UUID:
     """The gateway id of a client-named trajectory: the same on every process and replica.
 
-    Derived with a keyed hash (the instance secret, kept in PostgreSQL) so that nobody can
-    compute another tenant's trajectory id from a guessable name; marked as UUID version 8.
-    A UUID of version 7 or 8 is an id this gateway issued, echoed back by the client, and is
-    taken as it is (122 unguessable bits).
+    A gateway-issued id echoed back by its own tenant is taken as it is. Any other name
+    (another tenant's id included) is mapped with a keyed hash (the instance secret, kept in
+    PostgreSQL), so nobody can compute another tenant's trajectory id from a guessable name;
+    the result is marked as UUID version 8 and tagged for the tenant like any issued id.
     """
     try:
         parsed = uuid.UUID(client_id)
-        if parsed.version in (7, 8):
-            return parsed
     except ValueError:
-        pass
+        parsed = None
+    if parsed is not None and issued_to(secret, tenant, parsed):
+        return parsed
     digest = hmac.new(secret, f"{tenant}\x00{client_id}".encode(), hashlib.sha256).digest()
-    value = int.from_bytes(digest[:16], "big")
-    value = (value & ~(0xF << 76)) | (0x8 << 76)  # version 8: custom
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 9562 variant
-    return uuid.UUID(int=value)
+    return _tagged(secret, tenant, int.from_bytes(digest[:16], "big"), 8)
 
 
 def _content_form(content: Any) -> Any:
@@ -194,6 +228,8 @@ class TrajectoryAssignment:
 
 def assign_trajectory(index: StitchIndex, *, secret: bytes, tenant: str, model: str, messages: list[Any],
                       client_trajectory_id: str | None) -> TrajectoryAssignment:
+    """The trajectory of a new call: the client's (named or echoed), the run this process saw
+    continue, or a new one (marked pending when it may continue a run another process saw)."""
     keys = request_keys(tenant, model, messages)
     if client_trajectory_id:
         return TrajectoryAssignment(trajectory_id_for_client(secret, tenant, client_trajectory_id),
@@ -201,7 +237,7 @@ def assign_trajectory(index: StitchIndex, *, secret: bytes, tenant: str, model: 
     known = index.lookup(keys.parent_key)
     if known is not None:
         return TrajectoryAssignment(known.trajectory_id, None, keys, False, continued=known)
-    return TrajectoryAssignment(uuid7(), None, keys, keys.parent_key is not None)
+    return TrajectoryAssignment(new_trajectory_id(secret, tenant), None, keys, keys.parent_key is not None)
 
 
 def continuation_keys(keys: MessageKeys, answers: list[Any]) -> list[bytes]:
