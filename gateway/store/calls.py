@@ -7,10 +7,9 @@ rows are derived from the calls actually inserted, so a re-shipped batch changes
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.store.connection import driver_connection
 from gateway.store.rewards import MERGE_STATEMENTS as REWARD_MERGE_STATEMENTS
 
 STITCH_LOCK_ID = 0x4150_5354  # pg advisory lock held by the process running a stitch pass
@@ -104,11 +103,6 @@ WHERE c.stitch_pending AND (
 """
 
 
-async def _driver_connection(connection: Any) -> Any:
-    raw = await connection.get_raw_connection()
-    return raw.driver_connection
-
-
 def copy_payload(lines: list[bytes]) -> bytes:
     """Journal lines as COPY text rows: one JSON document per row, backslashes escaped."""
     return b"\n".join(line.replace(b"\\", b"\\\\") for line in lines) + b"\n"
@@ -117,7 +111,7 @@ def copy_payload(lines: list[bytes]) -> bytes:
 async def insert_call_lines(engine: AsyncEngine, lines: list[bytes]) -> int:
     """Store journal lines (JSON call records) in one transaction; duplicates are ignored."""
     async with engine.connect() as connection:
-        pg = await _driver_connection(connection)
+        pg = await driver_connection(connection)
         async with pg.transaction():
             async with pg.cursor() as cursor:
                 # The temporary table has no statistics, so the planner overestimates and JIT-compiles
@@ -133,7 +127,7 @@ async def stitch_pending(engine: AsyncEngine, open_window_s: float) -> int:
     """Join trajectories split across gateway processes; returns how many were merged."""
     merged = 0
     async with engine.connect() as connection:
-        pg = await _driver_connection(connection)
+        pg = await driver_connection(connection)
         async with pg.transaction():
             async with pg.cursor() as cursor:
                 await cursor.execute("SET LOCAL jit = off")
@@ -146,7 +140,8 @@ async def stitch_pending(engine: AsyncEngine, open_window_s: float) -> int:
                     pairs = await cursor.fetchall()
                     if not pairs:
                         break
-                    await cursor.execute("CREATE TEMP TABLE IF NOT EXISTS merges (child uuid, parent uuid) ON COMMIT DROP")
+                    await cursor.execute(
+                        "CREATE TEMP TABLE IF NOT EXISTS merges (child uuid, parent uuid) ON COMMIT DROP")
                     await cursor.execute("TRUNCATE merges")
                     # A parent that is itself being merged this round waits for the next round.
                     children = {child for child, _ in pairs}

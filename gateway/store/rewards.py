@@ -19,15 +19,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
 from psycopg.rows import dict_row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.store.connection import driver_connection
+
 RETRIES = 5
+T = TypeVar("T")
 
 _REWARD_COLUMNS = """r.id, r.status, r.trajectory_id, r.target_kind, r.target, r.name, r.value, r.metrics,
     r.comment, r.group_id, r.idempotency_key, r.observed_at, r.received_at, r.linked_at,
@@ -39,7 +44,8 @@ FROM rewards r
 JOIN unnest(%(tenants)s::text[], %(keys)s::text[]) AS q(tenant, k) ON r.tenant = q.tenant AND r.idempotency_key = q.k
 """
 
-_CALL_UUID = "CASE WHEN {col} ~* '^[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}$' THEN {col}::uuid END"
+_CALL_UUID = ("CASE WHEN {col} ~* '^[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}$' "
+              "THEN {col}::uuid END")
 
 # The trajectory a target names, if stored: a call by its uuid or response id (newest when
 # several calls of the tenant share one), then the root of a merged trajectory.
@@ -163,9 +169,104 @@ WHERE r.id = c.id AND r.status = 'pending'
 
 _ANSWERS = f"SELECT {_REWARD_COLUMNS} FROM rewards r WHERE r.id = ANY(%(ids)s::uuid[])"
 
+# Rewards waiting for their trajectory (overdue past the window) and rewards their policy refused.
+_UNLINKED_LIST = f"""
+SELECT {_REWARD_COLUMNS},
+       r.status = 'pending' AND r.received_at < now() - make_interval(secs => %(window_s)s) AS overdue
+FROM rewards r
+WHERE r.status = ANY(%(statuses)s::text[]) AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)
+  AND (NOT %(overdue_only)s OR r.status <> 'pending' OR r.received_at < now() - make_interval(secs => %(window_s)s))
+ORDER BY r.received_at
+LIMIT %(limit)s
+"""
+
+_UNLINKED_COUNTS = """
+SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
+       count(*) FILTER (WHERE status = 'pending' AND received_at < now() - make_interval(secs => %(window_s)s))
+           AS overdue,
+       count(*) FILTER (WHERE status = 'rejected') AS rejected
+FROM rewards
+WHERE (status = 'pending' OR status = 'rejected') AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class NewReward:
+    """A reward as a request gave it, its target resolved as far as the request alone allows."""
+
+    id: uuid.UUID
+    tenant: str
+    target_kind: str  # "trajectory" or "call"
+    target: str  # the id the sender named
+    target_trajectory_id: uuid.UUID | None  # known from the request (a gateway or client trajectory id)
+    target_call: str | None  # a call's uuid or response id, resolved in the store
+    name: str
+    value: float
+    metrics: dict[str, float]
+    comment: str | None
+    group_id: str | None
+    idempotency_key: str | None
+    source: str  # "key" or "webhook:<secret name>"
+    api_key_id: uuid.UUID | None
+    observed_at: float | None  # unix seconds; None: when the store receives it
+
+
+@dataclass(frozen=True, slots=True)
+class StoredReward:
+    """A row of `rewards` as readers see it: exactly the columns of `_REWARD_COLUMNS`, so that a
+    column added or renamed there fails here loudly instead of changing an answer."""
+
+    id: uuid.UUID
+    status: str  # "pending", "linked" or "rejected"
+    trajectory_id: uuid.UUID | None  # the root trajectory once linked (after merges)
+    target_kind: str
+    target: str
+    name: str
+    value: float
+    metrics: dict[str, float]
+    comment: str | None
+    group_id: str | None
+    idempotency_key: str | None
+    observed_at: datetime
+    received_at: datetime
+    linked_at: datetime | None
+    superseded_at: datetime | None
+    reject_reason: str | None
+
+    @property
+    def current(self) -> bool:
+        """The reward of its trajectory and name that counts (the learner trains on it)."""
+        return self.status == "linked" and self.superseded_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class UnlinkedReward(StoredReward):
+    overdue: bool  # pending for longer than the pending window
+
+
+@dataclass(frozen=True, slots=True)
+class UnlinkedRewards:
+    """A page of rewards that are not linked, with the counts of all of them."""
+
+    rewards: list[UnlinkedReward]
+    pending_count: int
+    overdue_count: int
+    rejected_count: int
+    has_more: bool
+
 
 class ReplayedSignature(Exception):
     """The webhook signature was accepted before."""
+
+
+# A webhook delivery's signature as it is recorded: (HMAC digest, tenant, signed at unix seconds).
+SignatureUse = tuple[bytes, str, float]
+
+# Receives [(position in the batch, policy)] of the rewards whose trajectory is known; raises to refuse.
+Checker = Callable[[list[tuple[int, str | None]]], None]
+
+# (policy, name, value, metrics) -> why the policy refuses the reward, or None.
+LinkCheck = Callable[[str | None, str, float, dict[str, float]], str | None]
 
 
 def lock_key(kind: bytes, *parts: str | uuid.UUID) -> int:
@@ -173,41 +274,22 @@ def lock_key(kind: bytes, *parts: str | uuid.UUID) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def content_hash(item: dict[str, Any]) -> str:
-    """What makes two rewards under one idempotency key the same reward."""
-    form = [item["target_kind"], item["target"], item["name"], item["value"], sorted((item["metrics"] or {}).items()),
-            item["comment"], item["group_id"], item["observed_at"]]
+def content_hash(reward: NewReward) -> str:
+    """What makes two rewards under one idempotency key the same reward (stored: never change the form)."""
+    form = [reward.target_kind, reward.target, reward.name, reward.value, sorted(reward.metrics.items()),
+            reward.comment, reward.group_id, reward.observed_at]
     return hashlib.sha256(orjson.dumps(form)).hexdigest()
 
 
-def answer(row: dict[str, Any]) -> dict[str, Any]:
-    """A stored reward as the API shows it (RewardOut)."""
-    return {
-        "id": str(row["id"]), "object": "reward", "status": row["status"],
-        "current": row["status"] == "linked" and row["superseded_at"] is None,
-        "trajectory_id": str(row["trajectory_id"]) if row["trajectory_id"] else None,
-        "target_kind": row["target_kind"], "target": row["target"], "name": row["name"], "reward": row["value"],
-        "metrics": row["metrics"] or {}, "comment": row["comment"], "group_id": row["group_id"],
-        "idempotency_key": row["idempotency_key"], "observed_at": row["observed_at"],
-        "received_at": row["received_at"], "linked_at": row["linked_at"], "superseded_at": row["superseded_at"],
-        "reject_reason": row["reject_reason"],
-    }
-
-
-async def _driver_connection(connection: Any) -> psycopg.AsyncConnection:
-    raw = await connection.get_raw_connection()
-    return raw.driver_connection
-
-
-async def _lock(cursor: psycopg.AsyncCursor, keys: set[int]) -> None:
+async def _lock(cursor: psycopg.AsyncCursor[Any], keys: set[int]) -> None:
     if keys:
         await cursor.execute("SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) AS k",
                              (sorted(keys),))
 
 
-async def _retrying(engine: AsyncEngine, work: Callable[[psycopg.AsyncCursor], Any]) -> Any:
+async def _retrying(engine: AsyncEngine, work: Callable[[psycopg.AsyncCursor[dict[str, Any]]], Awaitable[T]]) -> T:
     async with engine.connect() as connection:
-        pg = await _driver_connection(connection)
+        pg = await driver_connection(connection)
         for attempt in range(RETRIES):
             try:
                 async with pg.transaction():
@@ -219,76 +301,116 @@ async def _retrying(engine: AsyncEngine, work: Callable[[psycopg.AsyncCursor], A
                 if attempt == RETRIES - 1:
                     raise
                 await asyncio.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-Checker = Callable[[list[tuple[int, str | None]]], None]
-
-
-async def ingest_rewards(engine: AsyncEngine, items: Sequence[dict[str, Any]], *, check: Checker,
-                         signature: tuple[bytes, str, float] | None = None) -> tuple[list[dict[str, Any]], bool]:
+async def ingest_rewards(engine: AsyncEngine, rewards: Sequence[NewReward], *, check: Checker,
+                         signature: SignatureUse | None = None) -> tuple[list[StoredReward], bool]:
     """Store a batch of rewards in one transaction: all or nothing.
 
-    `items` are dicts with the columns of `_INSERT` (ord = position in the batch) plus
-    `target_call` text. `check` receives [(ord, policy)] of the items whose trajectory is
-    known and raises to refuse the batch. Returns (answers in batch order, all_replayed).
+    Returns the stored rewards in batch order, and whether every one of them was stored before
+    (under its idempotency key, with the same content).
     """
+    hashes = [content_hash(reward) for reward in rewards]
+    keyed = sorted({(r.tenant, r.idempotency_key) for r in rewards if r.idempotency_key})
 
-    async def work(cursor: psycopg.AsyncCursor) -> tuple[list[dict[str, Any]], bool]:
+    async def work(cursor: psycopg.AsyncCursor[dict[str, Any]]) -> tuple[list[StoredReward], bool]:
         if signature is not None:
-            await cursor.execute(
-                "INSERT INTO reward_signatures (signature, tenant, signed_at) VALUES (%s, %s, to_timestamp(%s)) "
-                "ON CONFLICT DO NOTHING RETURNING 1", signature)
-            if await cursor.fetchone() is None:
-                raise ReplayedSignature()
-        keyed = sorted({(i["tenant"], i["idempotency_key"]) for i in items if i["idempotency_key"]})
+            await _use_signature(cursor, signature)
         await _lock(cursor, {lock_key(b"k", tenant, key) for tenant, key in keyed})
-        existing: dict[tuple[str, str, str], uuid.UUID] = {}
-        key_trajectories: set[uuid.UUID] = set()
-        if keyed:
-            await cursor.execute(_EXISTING_KEYS, {"tenants": [t for t, _ in keyed], "keys": [k for _, k in keyed]})
-            for row in await cursor.fetchall():
-                existing[(row["tenant"], row["idempotency_key"], row["content_hash"].hex())] = row["id"]
-                if row["trajectory_id"]:
-                    key_trajectories.add(row["trajectory_id"])
-        answer_ids: dict[int, uuid.UUID] = {}
-        fresh: list[dict[str, Any]] = []
-        for item in items:  # a key repeated with the same content within the batch is stored once
-            slot = (item["tenant"], item["idempotency_key"], item["content_hash"])
-            known = existing.get(slot) if item["idempotency_key"] else None
-            if known is not None:
-                answer_ids[item["ord"]] = known
-            else:
-                fresh.append(item)
-                if item["idempotency_key"]:
-                    existing[slot] = uuid.UUID(item["id"])
+        existing, key_trajectories = await _stored_under_keys(cursor, keyed)
+        answer_ids, fresh = _known_and_fresh(rewards, hashes, existing)
         if fresh:
-            await cursor.execute(_RESOLVE, {"items": orjson.dumps([
-                {"ord": i["ord"], "tenant": i["tenant"], "target_trajectory_id": i["target_trajectory_id"],
-                 "target_call": i["target_call"]} for i in fresh]).decode()})
-            resolved = {row["ord"]: row for row in await cursor.fetchall()}
-            check([(ord_, row["policy"]) for ord_, row in resolved.items() if row["trajectory_id"]])
-            trajectories = {row["trajectory_id"] for row in resolved.values() if row["trajectory_id"]}
-            new_keys = sorted({(i["tenant"], i["idempotency_key"]) for i in fresh if i["idempotency_key"]})
-            await _lock(cursor, {lock_key(b"t", t) for t in trajectories | key_trajectories})
-            rows = []
-            for item in fresh:
-                trajectory_id = resolved[item["ord"]]["trajectory_id"]
-                rows.append({**item, "trajectory_id": str(trajectory_id) if trajectory_id else None})
-                answer_ids[item["ord"]] = uuid.UUID(item["id"])
-            await cursor.execute(_INSERT, {"rows": orjson.dumps(rows).decode()})
-            await cursor.execute(_RECOMPUTE_GIVEN, {"trajectories": list(trajectories),
-                                                    "tenants": [t for t, _ in new_keys],
-                                                    "keys": [k for _, k in new_keys]})
-            if trajectories and any(i["group_id"] for i in fresh):
-                await cursor.execute(_GROUPS_GIVEN, {"trajectories": list(trajectories)})
-        await cursor.execute(_ANSWERS, {"ids": list(set(answer_ids.values()))})
-        by_id = {row["id"]: answer(row) for row in await cursor.fetchall()}
-        return [by_id[answer_ids[item["ord"]]] for item in items], not fresh
+            await _insert(cursor, rewards, hashes, fresh, key_trajectories, check)
+        stored = await _read_rewards(cursor, set(answer_ids.values()))
+        return [stored[answer_ids[position]] for position in range(len(rewards))], not fresh
 
     return await _retrying(engine, work)
 
 
-LinkCheck = Callable[[str | None, str, float, dict[str, float]], str | None]
+async def _use_signature(cursor: psycopg.AsyncCursor[dict[str, Any]], signature: SignatureUse) -> None:
+    """Record a webhook signature, in the rewards' transaction: a failed delivery can be retried."""
+    await cursor.execute(
+        "INSERT INTO reward_signatures (signature, tenant, signed_at) VALUES (%s, %s, to_timestamp(%s)) "
+        "ON CONFLICT DO NOTHING RETURNING 1", signature)
+    if await cursor.fetchone() is None:
+        raise ReplayedSignature()
+
+
+async def _stored_under_keys(cursor: psycopg.AsyncCursor[dict[str, Any]], keyed: list[tuple[str, str]],
+                             ) -> tuple[dict[tuple[str, str, str], uuid.UUID], set[uuid.UUID]]:
+    """The rewards already stored under these (tenant, idempotency key)s, by (tenant, key, content hash),
+    and the trajectories they are linked to."""
+    existing: dict[tuple[str, str, str], uuid.UUID] = {}
+    trajectories: set[uuid.UUID] = set()
+    if keyed:
+        await cursor.execute(_EXISTING_KEYS, {"tenants": [t for t, _ in keyed], "keys": [k for _, k in keyed]})
+        for row in await cursor.fetchall():
+            existing[(row["tenant"], row["idempotency_key"], row["content_hash"].hex())] = row["id"]
+            if row["trajectory_id"]:
+                trajectories.add(row["trajectory_id"])
+    return existing, trajectories
+
+
+def _known_and_fresh(rewards: Sequence[NewReward], hashes: list[str],
+                     existing: dict[tuple[str, str, str], uuid.UUID]) -> tuple[dict[int, uuid.UUID], list[int]]:
+    """The id that answers each position, and the positions to insert: a key repeated with the same
+    content (stored before, or earlier in this batch) is stored once."""
+    answer_ids: dict[int, uuid.UUID] = {}
+    fresh: list[int] = []
+    for position, reward in enumerate(rewards):
+        slot = (reward.tenant, reward.idempotency_key or "", hashes[position])
+        known = existing.get(slot) if reward.idempotency_key else None
+        if known is not None:
+            answer_ids[position] = known
+            continue
+        fresh.append(position)
+        answer_ids[position] = reward.id
+        if reward.idempotency_key:
+            existing[slot] = reward.id
+    return answer_ids, fresh
+
+
+async def _insert(cursor: psycopg.AsyncCursor[dict[str, Any]], rewards: Sequence[NewReward], hashes: list[str],
+                  fresh: list[int], key_trajectories: set[uuid.UUID], check: Checker) -> None:
+    """Resolve the fresh rewards' trajectories, let `check` refuse the batch, insert, and bring the
+    current rewards and groups of every trajectory they touch up to date."""
+    await cursor.execute(_RESOLVE, {"items": orjson.dumps([
+        {"ord": position, "tenant": rewards[position].tenant,
+         "target_trajectory_id": rewards[position].target_trajectory_id,
+         "target_call": rewards[position].target_call} for position in fresh]).decode()})
+    resolved: dict[int, uuid.UUID | None] = {}
+    policies: list[tuple[int, str | None]] = []
+    for row in await cursor.fetchall():
+        resolved[row["ord"]] = row["trajectory_id"]
+        if row["trajectory_id"]:
+            policies.append((row["ord"], row["policy"]))
+    check(policies)
+    trajectories = {trajectory for trajectory in resolved.values() if trajectory}
+    await _lock(cursor, {lock_key(b"t", t) for t in trajectories | key_trajectories})
+    rows = [_insert_row(position, rewards[position], hashes[position], resolved[position]) for position in fresh]
+    await cursor.execute(_INSERT, {"rows": orjson.dumps(rows).decode()})
+    new_keys = sorted({(rewards[p].tenant, rewards[p].idempotency_key) for p in fresh if rewards[p].idempotency_key})
+    await cursor.execute(_RECOMPUTE_GIVEN, {"trajectories": list(trajectories),
+                                            "tenants": [t for t, _ in new_keys], "keys": [k for _, k in new_keys]})
+    if trajectories and any(rewards[position].group_id for position in fresh):
+        await cursor.execute(_GROUPS_GIVEN, {"trajectories": list(trajectories)})
+
+
+def _insert_row(position: int, reward: NewReward, hash_: str, trajectory_id: uuid.UUID | None) -> dict[str, Any]:
+    """The record `_INSERT` reads (jsonb_to_recordset): its keys are the columns it declares."""
+    return {"ord": position, "id": reward.id, "tenant": reward.tenant, "target_kind": reward.target_kind,
+            "target": reward.target, "target_trajectory_id": reward.target_trajectory_id,
+            "target_call": reward.target_call, "trajectory_id": trajectory_id, "name": reward.name,
+            "value": reward.value, "metrics": reward.metrics, "comment": reward.comment, "group_id": reward.group_id,
+            "idempotency_key": reward.idempotency_key, "content_hash": hash_, "source": reward.source,
+            "api_key_id": reward.api_key_id, "observed_at": reward.observed_at}
+
+
+async def _read_rewards(cursor: psycopg.AsyncCursor[dict[str, Any]],
+                        ids: set[uuid.UUID]) -> dict[uuid.UUID, StoredReward]:
+    await cursor.execute(_ANSWERS, {"ids": list(ids)})
+    return {row["id"]: StoredReward(**row) for row in await cursor.fetchall()}
 
 
 async def link_pending_rewards(engine: AsyncEngine, check: LinkCheck, *, window_s: float,
@@ -299,7 +421,7 @@ async def link_pending_rewards(engine: AsyncEngine, check: LinkCheck, *, window_
     refuses the reward: it is then stored as 'rejected' (reported, never current).
     """
 
-    async def work(cursor: psycopg.AsyncCursor) -> int:
+    async def work(cursor: psycopg.AsyncCursor[dict[str, Any]]) -> int:
         await cursor.execute(_PENDING_CANDIDATES, {"all": include_overdue, "window_s": window_s, "limit": limit})
         candidates = await cursor.fetchall()
         if not candidates:
@@ -325,64 +447,48 @@ async def link_pending_rewards(engine: AsyncEngine, check: LinkCheck, *, window_
 
 async def forget_old_signatures(engine: AsyncEngine, older_than_s: float) -> int:
     async with engine.begin() as connection:
-        pg = await _driver_connection(connection)
+        pg = await driver_connection(connection)
         async with pg.cursor() as cursor:
             await cursor.execute("DELETE FROM reward_signatures WHERE signed_at < now() - make_interval(secs => %s)",
                                  (older_than_s,))
             return cursor.rowcount
 
 
-_PENDING_LIST = f"""
-SELECT {_REWARD_COLUMNS}, r.received_at < now() - make_interval(secs => %(window_s)s) AS overdue
-FROM rewards r
-WHERE r.status = ANY(%(statuses)s::text[]) AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)
-  AND (NOT %(overdue_only)s OR r.status <> 'pending' OR r.received_at < now() - make_interval(secs => %(window_s)s))
-ORDER BY r.received_at
-LIMIT %(limit)s
-"""
-
-_PENDING_COUNTS = """
-SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
-       count(*) FILTER (WHERE status = 'pending' AND received_at < now() - make_interval(secs => %(window_s)s))
-           AS overdue,
-       count(*) FILTER (WHERE status = 'rejected') AS rejected
-FROM rewards
-WHERE (status = 'pending' OR status = 'rejected') AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-"""
-
-
 async def list_unlinked(engine: AsyncEngine, *, tenant: str | None, window_s: float, statuses: list[str],
-                        overdue_only: bool, limit: int) -> dict[str, Any]:
+                        overdue_only: bool, limit: int) -> UnlinkedRewards:
     params = {"tenant": tenant, "window_s": window_s, "statuses": statuses, "overdue_only": overdue_only,
               "limit": limit + 1}
     async with engine.connect() as connection:
-        pg = await _driver_connection(connection)
+        pg = await driver_connection(connection)
         async with pg.cursor(row_factory=dict_row) as cursor:
-            await cursor.execute(_PENDING_LIST, params)
+            await cursor.execute(_UNLINKED_LIST, params)
             rows = await cursor.fetchall()
-            await cursor.execute(_PENDING_COUNTS, params)
+            await cursor.execute(_UNLINKED_COUNTS, params)
             counts = await cursor.fetchone()
         await pg.commit()
-    data = [{**answer(row), "overdue": bool(row["overdue"]) and row["status"] == "pending"} for row in rows[:limit]]
-    return {"object": "list", "data": data, "pending_count": counts["pending"], "overdue_count": counts["overdue"],
-            "rejected_count": counts["rejected"], "has_more": len(rows) > limit}
+    assert counts is not None  # an aggregate without GROUP BY answers one row
+    return UnlinkedRewards(rewards=[UnlinkedReward(**row) for row in rows[:limit]], pending_count=counts["pending"],
+                           overdue_count=counts["overdue"], rejected_count=counts["rejected"],
+                           has_more=len(rows) > limit)
 
 
-async def rewards_of(cursor: psycopg.AsyncCursor, trajectory_ids: list[uuid.UUID], *,
-                     history: bool) -> list[dict[str, Any]]:
+async def rewards_of(cursor: psycopg.AsyncCursor[dict[str, Any]], trajectory_ids: list[uuid.UUID], *,
+                     history: bool) -> list[StoredReward]:
+    """The current rewards of these trajectories (with `history`: every one), by name, oldest first."""
     condition = "" if history else "AND r.status = 'linked' AND r.superseded_at IS NULL"
     await cursor.execute(f"SELECT {_REWARD_COLUMNS} FROM rewards r WHERE r.trajectory_id = ANY(%(ids)s::uuid[]) "
                          f"{condition} ORDER BY r.name, r.observed_at, r.seq", {"ids": trajectory_ids})
-    return [answer(row) for row in await cursor.fetchall()]
+    return [StoredReward(**row) for row in await cursor.fetchall()]
 
 
-async def get_reward(engine: AsyncEngine, reward_id: uuid.UUID, tenant: str | None) -> dict[str, Any] | None:
+async def get_reward(engine: AsyncEngine, reward_id: uuid.UUID, tenant: str | None) -> StoredReward | None:
+    """A reward by id; with `tenant`, only if it is that tenant's."""
     async with engine.connect() as connection:
-        pg = await _driver_connection(connection)
+        pg = await driver_connection(connection)
         async with pg.cursor(row_factory=dict_row) as cursor:
             await cursor.execute(f"SELECT {_REWARD_COLUMNS} FROM rewards r WHERE r.id = %(id)s "
                                  "AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)",
                                  {"id": reward_id, "tenant": tenant})
             row = await cursor.fetchone()
         await pg.commit()
-    return answer(row) if row else None
+    return StoredReward(**row) if row else None

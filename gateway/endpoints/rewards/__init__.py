@@ -1,2 +1,3 @@
-"""POST /v1/rewards and the pending-reward report: wire types (protocol) and routes. The reward rules,
-webhook signatures and the background linker are domain logic and live in gateway/rewards/."""
+"""POST /v1/rewards and the pending-reward report: wire types (protocol), reading a request (intake) and
+the routes. The reward rules, webhook signatures and the background linker are domain logic and live in
+gateway/rewards/."""

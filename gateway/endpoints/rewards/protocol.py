@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gateway.rewards.rules import DEFAULT_REWARD_NAME
+from gateway.store.rewards import StoredReward, UnlinkedReward, UnlinkedRewards
 
 NAME_PATTERN = r"^[A-Za-z0-9_.:\-/]{1,64}$"
 MAX_METRICS = 64
@@ -74,7 +75,7 @@ class RewardIn(BaseModel):
         "they arrive out of order; defaults to the time the gateway received it."))
 
     @model_validator(mode="after")
-    def _one_target(self) -> "RewardIn":
+    def _one_target(self) -> RewardIn:
         given = [name for name in ("trajectory_id", "client_trajectory_id", "call_id") if getattr(self, name)]
         if len(given) != 1:
             raise ValueError("name exactly one target: trajectory_id, client_trajectory_id or call_id"
@@ -87,7 +88,8 @@ class RewardBatchIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rewards: list[RewardIn] = Field(min_length=1, description="The rewards (at most `rewards.max_batch`, default 1000).")
+    rewards: list[RewardIn] = Field(min_length=1,
+                                    description="The rewards (at most `rewards.max_batch`, default 1000).")
 
 
 RewardStatus = Literal["pending", "linked", "rejected"]
@@ -133,3 +135,32 @@ class PendingRewardListOut(BaseModel):
     overdue_count: int = Field(description="Pending rewards older than the pending window.")
     rejected_count: int
     has_more: bool = False
+
+
+# Answers from stored rewards. Each model is validated once, when it is built here.
+
+def reward_out(reward: StoredReward) -> RewardOut:
+    return RewardOut(**_reward_fields(reward))
+
+
+def pending_reward_list_out(page: UnlinkedRewards) -> PendingRewardListOut:
+    return PendingRewardListOut(data=[_pending_reward_out(reward) for reward in page.rewards],
+                                pending_count=page.pending_count, overdue_count=page.overdue_count,
+                                rejected_count=page.rejected_count, has_more=page.has_more)
+
+
+def _pending_reward_out(reward: UnlinkedReward) -> PendingRewardOut:
+    return PendingRewardOut(**_reward_fields(reward), overdue=reward.overdue)
+
+
+def _reward_fields(reward: StoredReward) -> dict[str, Any]:
+    """A stored reward's fields under their wire names."""
+    return {
+        "id": str(reward.id), "status": reward.status, "current": reward.current,
+        "trajectory_id": str(reward.trajectory_id) if reward.trajectory_id else None,
+        "target_kind": reward.target_kind, "target": reward.target, "name": reward.name, "reward": reward.value,
+        "metrics": reward.metrics, "comment": reward.comment, "group_id": reward.group_id,
+        "idempotency_key": reward.idempotency_key, "observed_at": reward.observed_at,
+        "received_at": reward.received_at, "linked_at": reward.linked_at, "superseded_at": reward.superseded_at,
+        "reject_reason": reward.reject_reason,
+    }

@@ -5,20 +5,26 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-import orjson
 from fastapi import APIRouter, Query, Request, Response
 
-from gateway.endpoints.rewards.routes import client_trajectory_uuid
-from gateway.endpoints.trajectories.protocol import TrajectoryListOut, TrajectoryOut
+from gateway.endpoints.trajectories.protocol import (
+    TrajectoryListOut,
+    TrajectoryOut,
+    trajectory_list_out,
+    trajectory_out,
+)
 from gateway.http.errors import GatewayError
+from gateway.http.responses import model_response
 from gateway.state import GatewayState
 from gateway.store.trajectories import get_trajectory, list_trajectories
+from gateway.trajectories.stitching import trajectory_id_for_client
 
 router = APIRouter(tags=["trajectories"])
 
 
 def _state(request: Request) -> GatewayState:
-    return request.app.state.gateway
+    state: GatewayState = request.app.state.gateway
+    return state
 
 
 @router.get(
@@ -33,19 +39,23 @@ async def get_one(request: Request, trajectory_id: str,
                   history: bool = Query(False, description="Include superseded and rejected rewards.")) -> Response:
     state = _state(request)
     key = await state.authenticate(request.scope)
+    candidates = _candidates(trajectory_id, trajectory_id_for_client(state.instance_secret, key.tenant, trajectory_id))
+    found = await get_trajectory(state.engine, candidates, None if key.is_admin else key.tenant, history=history)
+    if found is None:
+        raise GatewayError(404, f"no trajectory {trajectory_id!r}", param="trajectory_id", code="not_found")
+    return model_response(trajectory_out(found))
+
+
+def _candidates(trajectory_id: str, as_client_id: uuid.UUID) -> list[uuid.UUID]:
+    """What `trajectory_id` may name, in order: a gateway id (or alias), else the client's own id."""
     candidates: list[uuid.UUID] = []
     try:
         candidates.append(uuid.UUID(trajectory_id))
     except ValueError:
         pass
-    client_id = client_trajectory_uuid(state, key.tenant, trajectory_id)
-    if client_id not in candidates:
-        candidates.append(client_id)
-    tenant = None if key.is_admin else key.tenant
-    found = await get_trajectory(state.engine, candidates, tenant, history=history)
-    if found is None:
-        raise GatewayError(404, f"no trajectory {trajectory_id!r}", param="trajectory_id", code="not_found")
-    return Response(orjson.dumps(found), media_type="application/json")
+    if as_client_id not in candidates:
+        candidates.append(as_client_id)
+    return candidates
 
 
 @router.get(
@@ -70,7 +80,7 @@ async def list_all(
 ) -> Response:
     state = _state(request)
     await state.authenticate(request.scope, admin=True)
-    result = await list_trajectories(state.engine, tenant=tenant, policy=policy, model=model, since=since,
-                                     until=until, rewarded=rewarded, reward_name=reward_name, group_id=group_id,
-                                     starting_after=starting_after, limit=limit)
-    return Response(orjson.dumps(result), media_type="application/json")
+    page = await list_trajectories(state.engine, tenant=tenant, policy=policy, model=model, since=since,
+                                   until=until, rewarded=rewarded, reward_name=reward_name, group_id=group_id,
+                                   starting_after=starting_after, limit=limit)
+    return model_response(trajectory_list_out(page))
