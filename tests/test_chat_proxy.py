@@ -240,3 +240,22 @@ def test_body_limit_applies_to_rewards_even_when_chunked(start_gateway):
     declared = httpx.post(gateway.base_url + "/rewards", content=b"{" + b" " * 5000 + b"}",
                           headers={"content-type": "application/json"})
     assert declared.status_code == 413
+
+
+def test_litellm_path_applies_the_policys_temperature(start_gateway, fake_upstream, db):
+    """A policy served through litellm gets the temperature the policy enforces, as recorded."""
+    entry = {"model_name": "lite-agent", "forward": "litellm",
+             "litellm_params": {"model": "openai/fake-model", "api_base": fake_upstream.api_base, "api_key": "sk-x"}}
+    policy = {"name": "lite-agent", "base_model": "fake-model", "temperature": 0.3}
+    gateway = start_gateway(model_list=[entry], policies=[policy])
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
+    httpx.delete(f"http://127.0.0.1:{fake_upstream.port}/_requests")
+    client.chat.completions.create(model="lite-agent", temperature=1.5, messages=[{"role": "user", "content": "t"}])
+    stream = client.chat.completions.create(model="lite-agent", temperature=1.5, stream=True,
+                                            messages=[{"role": "user", "content": "t stream"}])
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices).startswith("t stream")
+    forwarded = httpx.get(f"http://127.0.0.1:{fake_upstream.port}/_requests").json()["requests"]
+    assert [body["temperature"] for body in forwarded] == [0.3, 0.3]
+    rows = wait_for(lambda: (r := db.execute("SELECT temperature FROM calls WHERE policy = 'lite-agent'").fetchall())
+                    and len(r) == 2 and r)
+    assert {row[0] for row in rows} == {0.3}

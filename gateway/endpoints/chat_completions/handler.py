@@ -80,6 +80,14 @@ class CallContext:
         self.headers = [(b"x-trajectory-id", str(assignment.trajectory_id).encode()),
                         (b"x-apprentice-call-id", str(self.call_id).encode())]
 
+    def litellm_body(self) -> dict[str, Any]:
+        """The body for litellm: the client's, with the policy's sampling settings (the token
+        capture fields are vLLM's own and stay off other providers)."""
+        body = {**self.request.body, "model": self.request.model}
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        return body
+
     def served_model(self, target: UpstreamTarget) -> str:
         """The model name the upstream is asked for: the adapter's LoRA name when one serves."""
         return self.version.name if self.version is not None else target.upstream_model
@@ -215,7 +223,7 @@ class ChatCompletionsEndpoint:
                 response = orjson.loads(raw)
             else:
                 call.target = targets[0]
-                response = await litellm_backend.complete(targets[0], {**call.request.body, "model": call.request.model})
+                response = await litellm_backend.complete(targets[0], call.litellm_body())
                 raw = orjson.dumps(response)
         except GatewayError as error:
             return await self._fail(call, send, error)
@@ -237,7 +245,7 @@ class ChatCompletionsEndpoint:
                 chunks = answer.response.content.iter_any()
             else:
                 call.target = targets[0]
-                chunks = await litellm_backend.stream(targets[0], {**call.request.body, "model": call.request.model})
+                chunks = await litellm_backend.stream(targets[0], call.litellm_body())
         except GatewayError as error:
             return await self._fail(call, send, error)
 
