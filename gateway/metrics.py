@@ -23,6 +23,18 @@ SHIPPED = Counter("apprentice_shipped_calls_total", "Calls shipped from the jour
 SHIP_FAILURES = Counter("apprentice_ship_failures_total", "Failed attempts to ship a journal batch")
 JOURNALED = Counter("apprentice_journaled_calls_total", "Calls written to the local journal")
 
+# Background workers (gateway/workers.py). The last success is a timestamp, not "seconds since":
+# in multiprocess mode a value is only what a process last wrote, so an age would freeze when
+# the worker stops succeeding; `time() - apprentice_worker_last_success_timestamp_seconds` stays
+# right. "min" across processes shows the most stale one (0: a process has not succeeded yet).
+WORKER_FAILURES = Counter("apprentice_worker_failures_total", "Failed steps of a background worker", ["worker"])
+WORKER_CONSECUTIVE_FAILURES = Gauge("apprentice_worker_consecutive_failures",
+                                    "Failed steps in a row of a background worker (worst process)", ["worker"],
+                                    multiprocess_mode="max")
+WORKER_LAST_SUCCESS = Gauge("apprentice_worker_last_success_timestamp_seconds",
+                            "Unix time of a background worker's last successful step (most stale process)",
+                            ["worker"], multiprocess_mode="min")
+
 
 def status_class(status: int) -> str:
     return f"{status // 100}xx"

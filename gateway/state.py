@@ -1,29 +1,35 @@
-"""Everything a gateway process holds while it runs, started and stopped with the app."""
+"""Everything a gateway process holds while it runs, started and stopped with the app.
+
+The background jobs are `PeriodicWorker`s (gateway/workers.py), listed in `workers` for
+/readyz and stopped in order at shutdown: the journal shipper drains before the reward
+linker and the stitcher, which it wakes.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from apprentice.settings import Settings, resolve_secret
+from apprentice.store.engine import make_async_engine
+from apprentice.store.secrets import instance_secret
 from gateway import metrics
 from gateway.auth.keys import KeyCache, KeyInfo
-from apprentice.settings import Settings, resolve_secret
-from gateway.rewards.linker import RewardLinker
 from gateway.http.asgi import Scope, header
 from gateway.http.errors import GatewayError
 from gateway.journal.shipper import JournalShipper
 from gateway.journal.writer import JournalWriter
+from gateway.policies.notifications import AdapterNotifications
 from gateway.policies.versions import PolicyVersions
+from gateway.rewards.linker import RewardLinker
 from gateway.store.calls import insert_call_lines, stitch_pending
-from apprentice.store.engine import make_async_engine
-from apprentice.store.secrets import instance_secret
 from gateway.trajectories.stitching import StitchIndex
 from gateway.upstreams.direct import make_session
 from gateway.upstreams.routing import Router
+from gateway.workers import PeriodicWorker
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +56,17 @@ class GatewayState:
                                         ttl_s=settings.stitching.open_window_s)
         self.open_key = KeyInfo(id=None, name="open", tenant=settings.auth.open_tenant, role="admin")
         self.versions = PolicyVersions(self.engine, poll_interval_s=settings.adapter_poll_interval_s)
+        self.adapter_notifications = AdapterNotifications(database_url, self.versions.wake)
         self.session: aiohttp.ClientSession | None = None
         self.instance_secret = b""
-        self._stitch_wanted = asyncio.Event()
-        self._stitch_task: asyncio.Task[None] | None = None
+        # Woken when a shipped batch holds calls waiting for their parent; the wake delay lets
+        # the other processes' parents land first.
+        self.stitcher = PeriodicWorker("trajectory-stitcher", self._stitch_pass, interval_s=SETTLE_INTERVAL_S,
+                                       wake_delay_s=STITCH_INTERVAL_S)
         self.reward_linker = RewardLinker(self.engine, settings)
+        self.workers: list[PeriodicWorker] = [
+            self.keys.worker, self.versions.worker, self.adapter_notifications.worker, self.shipper.worker,
+            self.stitcher, self.reward_linker.worker]
 
     async def start(self) -> None:
         self.instance_secret = await instance_secret(self.engine, TRAJECTORY_ID_SECRET)
@@ -62,18 +74,18 @@ class GatewayState:
         self.session = make_session()
         await self.keys.start()
         await self.versions.start()
+        self.adapter_notifications.start()
         self.shipper.start()
-        self._stitch_task = asyncio.create_task(self._stitch_loop(), name="trajectory-stitcher")
+        self.stitcher.start()
         self.reward_linker.start()
 
     async def stop(self) -> None:
         """Graceful: in-flight calls are done (the server waited); ship what is left."""
-        for step in (self.keys.stop, self.versions.stop, self.shipper.stop, self.reward_linker.stop):
+        for step in (self.adapter_notifications.stop, self.keys.stop, self.versions.stop, self.shipper.stop,
+                     self.reward_linker.stop, self.stitcher.stop):
             log.info("shutdown: %s", step.__qualname__)
             await step()
         self.journal.close()
-        if self._stitch_task:
-            self._stitch_task.cancel()
         if self.session:
             await self.session.close()
         log.info("shutdown: closing the store's connections")
@@ -96,24 +108,14 @@ class GatewayState:
         self.reward_linker.wake()  # no query here: the linker probes for pending rewards itself
         metrics.JOURNAL_BACKLOG.set(self.shipper.stats.backlog_bytes)
         if any(PENDING_MARK in line for line in lines):
-            self._stitch_wanted.set()
+            self.stitcher.wake()
         return count
 
-    async def _stitch_loop(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self._stitch_wanted.wait(), timeout=SETTLE_INTERVAL_S)
-                await asyncio.sleep(STITCH_INTERVAL_S)  # let the other processes' parents land
-            except asyncio.TimeoutError:
-                pass
-            self._stitch_wanted.clear()
-            try:
-                merged = await stitch_pending(self.engine, self.settings.stitching.open_window_s)
-                if merged:
-                    log.debug("stitched %d trajectories split across processes", merged)
-                    self._stitch_wanted.set()  # a later parent may have become known too
-            except Exception as exc:
-                log.warning("stitching pass failed (%s); will retry", exc)
+    async def _stitch_pass(self) -> None:
+        merged = await stitch_pending(self.engine, self.settings.stitching.open_window_s)
+        if merged:
+            log.debug("stitched %d trajectories split across processes", merged)
+            self.stitcher.wake()  # a later parent may have become known too
 
     # ---- authentication ----------------------------------------------------------------
     async def authenticate(self, scope: Scope, *, admin: bool = False) -> KeyInfo:

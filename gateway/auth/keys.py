@@ -7,7 +7,6 @@ interval). Only an unknown key costs one lookup, and a miss is remembered briefl
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import logging
@@ -20,6 +19,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apprentice.store.tables import api_keys
+from gateway.workers import PeriodicWorker
 
 log = logging.getLogger(__name__)
 
@@ -90,18 +90,16 @@ class KeyCache:
         self._admin_hash = hash_key(admin_key) if admin_key else None
         self._keys: dict[bytes, KeyInfo] = {}
         self._misses: dict[bytes, float] = {}
-        self._task: asyncio.Task[None] | None = None
+        self.worker = PeriodicWorker("api-key-refresh", self.refresh, interval_s=refresh_s)
 
     async def start(self) -> None:
-        try:
-            await self.refresh()
-        except Exception as exc:  # keep serving the admin key and retry in the background
-            log.warning("could not load API keys (%s); retrying", exc)
-        self._task = asyncio.create_task(self._refresh_loop(), name="api-key-refresh")
+        """Load the keys before serving; if the store does not answer, serve the admin key and
+        let the worker retry (with back-off) in the background."""
+        await self.worker.run_once()
+        self.worker.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        await self.worker.stop()
 
     async def refresh(self) -> None:
         if self.engine is None:
@@ -112,14 +110,6 @@ class KeyCache:
             ).where(api_keys.c.revoked_at.is_(None)))
             self._keys = {row.key_hash: KeyInfo(row.id, row.name, row.tenant, row.role) for row in rows}
         self._misses.clear()
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.refresh_s)
-            try:
-                await self.refresh()
-            except Exception as exc:
-                log.warning("refreshing API keys failed (%s); keeping the cached ones", exc)
 
     async def authenticate(self, key: str) -> KeyInfo | None:
         digest = hash_key(key)

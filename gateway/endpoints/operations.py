@@ -44,7 +44,14 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", tags=["operations"])
 async def readyz(request: Request) -> Response:
-    """Ready when the store answers and the journal backlog is bounded."""
+    """Ready when the store answers and the journal backlog is bounded.
+
+    Background workers are reported (`checks.workers`; `status` "degraded" and their names in
+    `failing_workers` when one keeps failing) but do not make the gateway unready: calls are
+    still served and journaled, and taking every replica out of rotation for a failure they
+    all share (the store, a bad row) would turn a degraded service into an outage. A store
+    outage already fails the `store` check, and a shipper that cannot keep up fails `journal`.
+    """
     state = _state(request)
     checks: dict[str, object] = {}
     ready = True
@@ -62,7 +69,11 @@ async def readyz(request: Request) -> Response:
                          "shipped_rows": state.shipper.stats.shipped_rows,
                          "last_error": state.shipper.stats.last_error}
     ready = ready and backlog < READY_BACKLOG_LIMIT_BYTES
-    return JSONResponse({"status": "ready" if ready else "not ready", "checks": checks},
+    now = time.time()
+    checks["workers"] = {worker.name: worker.health.report(now) for worker in state.workers}
+    failing = [worker.name for worker in state.workers if worker.health.failing]
+    status = "not ready" if not ready else "degraded" if failing else "ready"
+    return JSONResponse({"status": status, "checks": checks, "failing_workers": failing},
                         status_code=200 if ready else 503)
 
 

@@ -4,7 +4,8 @@ Exactly once: every call has a gateway-made UUID primary key and is inserted wit
 ON CONFLICT DO NOTHING, and a segment's shipped offset is saved (in a `.offset` file beside
 it) only after the batch commits. A crash between the two re-ships a batch that the
 database then ignores. While PostgreSQL is down the shipper retries with backoff and the
-journal grows; when it is back the backlog drains oldest segment first.
+journal grows; when it is back the backlog drains oldest segment first. The loop is a
+`PeriodicWorker` (gateway/workers.py): a pass every `interval_s`, at once when a batch fills up.
 
 Locks: a writer holds an flock on its active segment; a shipper holds an flock on the
 segment's `.offset` file while it ships. So each segment has one shipper at a time, and a
@@ -13,7 +14,6 @@ segment still being written is shipped only by the process that writes it.
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import logging
 import os
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.journal.writer import SEGMENT_SUFFIX, JournalWriter
+from gateway.workers import PeriodicWorker
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,10 @@ log = logging.getLogger(__name__)
 ShipFunction = Callable[[list[bytes]], Awaitable[int]]
 
 OFFSET_SUFFIX = ".offset"
-MAX_BACKOFF_S = 5.0
 RESCAN_INTERVAL_S = 5.0
+# At shutdown, how long a batch in flight may take before it is cancelled (safe: its offset is
+# saved only after the commit, and a re-shipped row is ignored by ON CONFLICT DO NOTHING).
+STOP_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -82,9 +85,8 @@ class JournalShipper:
         self.batch_rows = batch_rows
         self.interval_s = interval_s
         self.stats = ShipperStats()
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
-        self._wake = asyncio.Event()
+        self.worker = PeriodicWorker("journal-shipper", self._ship_pass, interval_s=interval_s,
+                                     stop_timeout_s=STOP_TIMEOUT_S)
         self._unshipped = 0
         self._foreign: list[Path] = []
         self._last_scan = float("-inf")
@@ -92,14 +94,13 @@ class JournalShipper:
         # (active segment, offset) once everything written to it so far is shipped.
         self._own_shipped: tuple[Path | None, int] = (None, -1)
         self._wake_threshold = max(1, batch_rows // 4)
-        self._backoff = 0.0
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="journal-shipper")
+        self.worker.start()
 
     def wake(self) -> None:
-        self._wake.set()
+        self.worker.wake()
 
     def note_record(self) -> None:
         """A record was journaled. Ship at once only when a batch is filling up: at low load
@@ -107,14 +108,11 @@ class JournalShipper:
         timer ships the rest within `interval_s`."""
         self._unshipped += 1
         if self._unshipped >= self._wake_threshold:
-            self._wake.set()
+            self.worker.wake()
 
     async def stop(self, drain_timeout_s: float = 10.0) -> None:
         """Stop the loop, then try to ship what is left; what cannot be shipped stays on disk."""
-        self._stopping.set()
-        self._wake.set()
-        if self._task is not None:
-            await self._task
+        await self.worker.stop()
         self.writer.rotate()
         deadline = time.monotonic() + drain_timeout_s
         while time.monotonic() < deadline:
@@ -125,25 +123,16 @@ class JournalShipper:
                 log.warning("journal not fully shipped at shutdown (%s); the next start ships it", exc)
                 break
 
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                shipped = await self.ship_once()
-                self._backoff = 0.0
-            except Exception as exc:
-                shipped = 0
-                self.stats.failed_batches += 1
-                self.stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                self._backoff = min(MAX_BACKOFF_S, max(self.interval_s, self._backoff * 2 or 0.25))
-                log.warning("shipping the journal failed (%s); retrying in %.2fs; backlog %d bytes",
-                            self.stats.last_error, self._backoff, self.stats.backlog_bytes)
-            if shipped >= self.batch_rows and not self._stopping.is_set():
-                continue  # a full batch: more is waiting, keep draining
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self._backoff or self.interval_s)
-            except asyncio.TimeoutError:
-                pass
+    async def _ship_pass(self) -> None:
+        """The worker's step: one batch. A failure is counted here and retried by the worker."""
+        try:
+            shipped = await self.ship_once()
+        except Exception as exc:
+            self.stats.failed_batches += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            raise
+        if shipped >= self.batch_rows:
+            self.worker.wake()  # a full batch: more is waiting, keep draining
 
     # ---- one pass ------------------------------------------------------------------
     def segments(self) -> list[Path]:

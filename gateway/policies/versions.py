@@ -1,9 +1,11 @@
 """Which adapter version serves a policy's call: the canary's share, the promoted version
 otherwise, and the base model while nothing is promoted.
 
-Every gateway process polls the store for the serving versions (one small query a second),
-so all processes switch within about a second of a transition, without a restart and without
-touching calls in flight. The request path only reads this process's memory.
+Every gateway process re-reads the serving versions when the lifecycle announces a transition
+(NOTIFY, see notifications.py: a few milliseconds after the commit) and polls them anyway (one
+small query a second), so that a missed notification or a status changed by hand costs at most
+a second. No restart, and calls in flight are not touched. The request path only reads this
+process's memory.
 
 Stickiness: a trajectory stays on the version that served its first call. Calls of one run
 share the messages before the first assistant turn, so the canary split hashes that prefix
@@ -24,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apprentice.store.tables import adapter_versions
 
+from gateway.workers import PeriodicWorker
 log = logging.getLogger(__name__)
 
 SERVING_STATUSES = ("promoted", "canary")
@@ -63,19 +66,21 @@ class PolicyVersions:
         self.engine = engine
         self.poll_interval_s = poll_interval_s
         self._serving: dict[str, PolicyServing] = {}
-        self._task: asyncio.Task[None] | None = None
         self.loaded = asyncio.Event()
 
+        self.worker = PeriodicWorker("adapter-version-poll", self.refresh, interval_s=poll_interval_s)
     async def start(self) -> None:
-        try:
-            await self.refresh()
-        except Exception as exc:  # serve the base model until the store answers
-            log.warning("could not read serving adapter versions (%s); retrying", exc)
-        self._task = asyncio.create_task(self._poll(), name="adapter-version-poll")
+        """Read the serving versions before serving; if the store does not answer, serve the
+        base model and let the worker retry (with back-off) in the background."""
+        await self.worker.run_once()
+        self.worker.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        await self.worker.stop()
+
+    def wake(self) -> None:
+        """Re-read the serving versions now (a transition was announced by NOTIFY)."""
+        self.worker.wake()
 
     async def refresh(self) -> None:
         async with self.engine.connect() as connection:
@@ -94,14 +99,6 @@ class PolicyVersions:
                     entry["canary_share"] = float(row.canary_share or 0.0)
         self._serving = {policy: PolicyServing(**entry) for policy, entry in serving.items()}  # type: ignore[arg-type]
         self.loaded.set()
-
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval_s)
-            try:
-                await self.refresh()
-            except Exception as exc:
-                log.warning("polling adapter versions failed (%s); keeping the last known ones", exc)
 
     def serving(self, policy: str) -> PolicyServing:
         return self._serving.get(policy) or PolicyServing()

@@ -4,12 +4,12 @@ The shipper only sets an event after storing a batch of calls (no query on its p
 task then waits a moment to gather more batches and runs one linking pass, which starts
 with a probe of the partial index of pending rewards and ends at once when there are none.
 It also runs every few seconds (a reward posted to another process, or committed just after
-a pass), tries overdue rewards once a minute, and forgets old webhook signatures.
+a pass), tries overdue rewards once a minute, and forgets old webhook signatures. The loop is a
+`PeriodicWorker` (gateway/workers.py), which also owns the stop-without-hanging logic.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from apprentice.settings import Settings
 from gateway.rewards.rules import RewardRules
 from gateway.store.rewards import forget_old_signatures, link_pending_rewards
+from gateway.workers import PeriodicWorker
 
 log = logging.getLogger(__name__)
 
@@ -33,28 +34,19 @@ class RewardLinker:
         self.engine = engine
         self.settings = settings.rewards
         self.rules = RewardRules(settings)
-        self._wanted = asyncio.Event()
-        self._stopping = False
-        self._task: asyncio.Task[None] | None = None
         self._last_overdue = 0.0
         self.linked = 0
+        self.worker = PeriodicWorker("reward-linker", self._link_pass, interval_s=PERIOD_S, wake_delay_s=GATHER_S,
+                                     stop_timeout_s=STOP_TIMEOUT_S)
 
     def wake(self) -> None:
-        self._wanted.set()
+        self.worker.wake()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="reward-linker")
+        self.worker.start()
 
     async def stop(self) -> None:
-        # A flag, not cancel(): Python 3.11's wait_for can swallow a cancellation that lands as
-        # the event fires (gh-86296), which left shutdown waiting on this task forever.
-        self._stopping = True
-        self._wanted.set()
-        if self._task:
-            try:
-                await asyncio.wait_for(self._task, timeout=STOP_TIMEOUT_S)
-            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):
-                pass
+        await self.worker.stop()
 
     def _check(self, policy: str | None, name: str, value: float, metrics: dict[str, float]) -> str | None:
         problem = self.rules.check(policy, name, value, metrics)
@@ -71,18 +63,6 @@ class RewardLinker:
         self.linked += linked
         return linked
 
-    async def _loop(self) -> None:
-        while not self._stopping:
-            try:
-                await asyncio.wait_for(self._wanted.wait(), timeout=PERIOD_S)
-                if self._stopping:
-                    return
-                await asyncio.sleep(GATHER_S)
-            except asyncio.TimeoutError:
-                pass
-            self._wanted.clear()
-            try:
-                if await self.run_once() >= LINK_PAGE:
-                    self._wanted.set()  # a full page: more may be waiting
-            except Exception as exc:
-                log.warning("linking pending rewards failed (%s); will retry", exc)
+    async def _link_pass(self) -> None:
+        if await self.run_once() >= LINK_PAGE:
+            self.worker.wake()  # a full page: more may be waiting
