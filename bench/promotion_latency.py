@@ -10,7 +10,8 @@ through the gateway without pause (see `Probes`). Measured per trial:
 - commit: from the run's end to the canary transition committed (`promotion_tick`: gates,
   POST /v1/load_lora_adapter, verification via GET /v1/models, the locked transaction);
 - of which load: the LoRA load and verification at the endpoint;
-- switch: from the commit to the first call the gateway routed to the canary (its poll);
+- switch: from the commit to the first call the gateway routed to the canary (it re-reads the
+  serving versions on the transition's NOTIFY; its 1 s poll is the fallback);
 - routed: from the run's end to that first canary-routed call (the headline figure);
 - answered: from the run's end to the first answer from the canary a client received.
 
@@ -265,7 +266,7 @@ def main() -> None:
     rows = [[label, *ms([r[key] for r in results])] for key, label in (
         ("commit", "run end to canary committed (`promotion_tick`: gates, load + verify, locked transition)"),
         ("load", "  of which LoRA load + GET /v1/models verification at the endpoint"),
-        ("switch", "commit to the gateway routing new trajectories to the canary (poll, 1 s)"),
+        ("switch", "commit to the gateway routing new trajectories to the canary (NOTIFY; 1 s poll as fallback)"),
         ("routed", "**run end to the first call routed to the canary**"),
         ("answered", "run end to the first answer from the canary received by a client"))]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -281,7 +282,8 @@ def main() -> None:
         "canary share is 1.0 so that the first new trajectory after the switch shows it.",
         markdown_table(["phase", "median ms", "min ms", "max ms"], rows),
         f"A one-token call took {extra['probe'] * 1000:.0f} ms (median) on this shared machine: the last row is "
-        "bounded by it. The switch is the gateways' poll wait (uniform in 0..`adapter_poll_interval_s`). In "
+        "bounded by it. The switch is the gateway's LISTEN on the lifecycle's NOTIFY (the poll every "
+        "`adapter_poll_interval_s` only catches what a dropped listener missed; see `bench.adapter_switch`). In "
         "production add: the time to the next `promotion_tick` when it is not run right after the training run "
         "(`apprentice learner` runs it at once after a run and every 30 s), and about 1/(s*r) for a canary share "
         "s and r new trajectories a second.",
