@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from apprentice.settings import Settings
-from apprentice.store.engine import make_async_engine
 from apprentice.promotion import lifecycle, service
 from apprentice.promotion.lifecycle import TransitionError
+from apprentice.settings import Settings
+from apprentice.store.engine import make_async_engine
 from tests.test_promotion_units import FakeVLLM, client_for
 
 ENDPOINT = "http://vllm:8000"
@@ -76,15 +76,15 @@ def vllm():
 async def test_transitions_are_recorded_idempotent_and_guarded(db, engine):
     v1, v2 = add_version(db, 1), add_version(db, 2)
     result = await lifecycle.start_canary(engine, v1, actor="alice", share=0.25, reason="looks fine")
-    assert result.changed and result.version["status"] == "canary" and result.version["canary_share"] == 0.25
+    assert result.changed and result.version.status == "canary" and result.version.canary_share == 0.25
     again = await lifecycle.start_canary(engine, v1, actor="bob", share=0.5)
-    assert not again.changed and again.version["canary_share"] == 0.25
+    assert not again.changed and again.version.canary_share == 0.25
 
     with pytest.raises(TransitionError, match="already has a canary"):
         await lifecycle.start_canary(engine, v2, actor="bob", share=0.5)
     await lifecycle.promote(engine, v1, actor="auto", reason="better")
     promoted = await lifecycle.promote(engine, v2, actor="alice")  # "promote now" of a candidate
-    assert [v["name"] for v in promoted.side_effects] == ["agent-v1"]
+    assert [v.name for v in promoted.side_effects] == ["agent-v1"]
     assert (status_of(db, v1), status_of(db, v2)) == ("retired", "promoted")
 
     with pytest.raises(TransitionError, match="agent-v2 is promoted: it cannot become rejected"):
@@ -177,8 +177,8 @@ async def test_automatic_and_reviewed_verdicts(db, engine, vllm, database_url):
     assert status_of(db, canary) == "canary", "a reviewed policy waits for the admin"
     assert any(a["action"] == "awaiting_review" for a in report.actions)
     detail = await service.version_detail(engine, reviewed, canary)
-    assert detail["evaluation"]["verdict"] == "better" and detail["evaluation"]["decision"] == "review"
-    assert detail["evaluation"]["canary"]["n"] == 15 and detail["evaluation"]["incumbent"]["n"] == 15
+    assert detail.version.evaluation["verdict"] == "better" and detail.version.evaluation["decision"] == "review"
+    assert detail.version.evaluation["canary"]["n"] == 15 and detail.version.evaluation["incumbent"]["n"] == 15
     result = await service.approve(engine, reviewed, "agent-v2", actor="alice", client=client)
     assert result.transition.changed and status_of(db, canary) == "promoted" and status_of(db, incumbent) == "retired"
 
@@ -206,8 +206,8 @@ async def test_pause_blocks_automatic_canaries(db, engine, vllm, database_url):
     _, client = vllm
     settings = settings_for(database_url)
     state = await service.set_paused(engine, settings, "agent", True, actor="alice")
-    assert state["learning_paused"] and state["updated_by"] == "alice"
-    assert (await service.set_paused(engine, settings, "agent", True, actor="bob"))["updated_by"] == "alice"
+    assert state.learning_paused and state.updated_by == "alice"
+    assert (await service.set_paused(engine, settings, "agent", True, actor="bob")).updated_by == "alice"
     version = add_version(db, 1, run=add_run(db))
     await service.promotion_tick(engine, settings, client=client)
     assert status_of(db, version) == "candidate"

@@ -3,11 +3,13 @@ planning, and the LoRA loading client against a scripted vLLM-like endpoint."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
 import sys
 import uuid
+from datetime import datetime, timezone
 
 import httpx
 import pytest
@@ -16,7 +18,7 @@ from apprentice.promotion import evaluation as ev
 from apprentice.promotion import lifecycle, loading
 from apprentice.promotion.gates import evaluate_gates, json_number
 from apprentice.promotion.retention import plan_retention
-
+from apprentice.promotion.rows import AdapterVersion, TrainingRun
 
 # ---------------------------------------------------------------- statistics
 
@@ -77,8 +79,15 @@ def test_compare_and_decide():
 
 # ---------------------------------------------------------------- gates
 
+A_RUN = TrainingRun(id=uuid.uuid4(), policy="agent", status="succeeded", trigger="manual", host=None, pid=None,
+                    started_at=datetime(2026, 1, 1, tzinfo=timezone.utc), finished_at=None, from_version_id=None,
+                    produced_version_id=None, trajectories=None, groups=None, groups_equal_rewards=None,
+                    groups_greedy=None, samples=None, tokens=None, loss=0.25, mean_reward=None, mean_advantage=None,
+                    kl=0.01, clip_fraction=None, duration_s=None, code_version=None, config={}, metrics={}, error=None)
+
+
 def run(**fields):
-    return {"status": "succeeded", "loss": 0.25, "kl": 0.01, "metrics": {}, **fields}
+    return dataclasses.replace(A_RUN, **fields)
 
 
 def test_gates():
@@ -118,11 +127,21 @@ def test_retention_plan_keeps_last_k_and_everything_ever_promoted():
     ids = {n: uuid.uuid4() for n in range(1, 9)}
     statuses = {1: "retired", 2: "rejected", 3: "rejected", 4: "retired", 5: "rejected", 6: "promoted",
                 7: "rejected", 8: "candidate"}
-    versions = [{"id": ids[n], "version": n, "status": s, "files_deleted_at": None} for n, s in statuses.items()]
-    versions[2]["files_deleted_at"] = "2026-01-01"  # v3: already gone
+    versions = [version_row(ids[n], n, s) for n, s in statuses.items()]
+    gone = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    versions[2] = dataclasses.replace(versions[2], files_deleted_at=gone)  # v3: already gone
     ever_promoted = {ids[1], ids[4], ids[6], ids[5]}  # v5: promoted once (kept whatever its status)
     doomed = plan_retention(versions, keep_last=3, ever_promoted=ever_promoted)
-    assert [v["version"] for v in doomed] == [2]
+    assert [v.version for v in doomed] == [2]
+
+
+def version_row(version_id: uuid.UUID, number: int, status: str) -> AdapterVersion:
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    return AdapterVersion.from_row({
+        "id": version_id, "policy": "agent", "version": number, "name": f"agent-v{number}", "status": status,
+        "base_model": "base", "path": f"/adapters/v{number}", "parent_version_id": None, "training_run_id": None,
+        "rank": None, "alpha": None, "target_modules": None, "canary_share": None, "gates": {}, "evaluation": {},
+        "files_deleted_at": None, "created_at": at, "updated_at": at})
 
 
 # ---------------------------------------------------------------- loading against a scripted endpoint

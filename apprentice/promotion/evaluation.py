@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 import random
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -110,7 +111,7 @@ class ArmStats:
     std: float | None  # sample standard deviation (n - 1)
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> "ArmStats":
+    def of(cls, values: Sequence[float]) -> ArmStats:
         n = len(values)
         if n == 0:
             return cls(0, None, None)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+
+from apprentice.promotion.rows import TrainingRun
 
 KL_METRIC_KEYS = ("kl_to_incumbent", "kl_incumbent", "kl")
 
@@ -70,54 +72,53 @@ def _check(name: str, outcome: str, detail: str, value: Any = None) -> dict[str,
     return {"name": name, "outcome": outcome, "detail": detail, "value": json_number(value)}
 
 
-def kl_of(run: Mapping[str, Any]) -> tuple[float | None, str]:
+def kl_of(run: TrainingRun) -> tuple[float | None, str]:
     """The run's KL to the incumbent and where it was read from."""
-    metrics = run.get("metrics") or {}
     for key in KL_METRIC_KEYS:
-        if key in metrics and metrics[key] is not None:
-            return _number(metrics[key]), f"training_runs.metrics.{key}"
-    if run.get("kl") is not None:
-        return _number(run["kl"]), "training_runs.kl"
+        if run.metrics.get(key) is not None:
+            return _number(run.metrics[key]), f"training_runs.metrics.{key}"
+    if run.kl is not None:
+        return _number(run.kl), "training_runs.kl"
     return None, "not measured"
 
 
-def evaluate_gates(run: Mapping[str, Any] | None, kl_bound: float | None) -> GateReport:
-    """Check a training run (a `training_runs` row as a mapping; None when it is unknown)."""
+def evaluate_gates(run: TrainingRun | None, kl_bound: float | None) -> GateReport:
+    """Check the training run that produced a version (None when none is recorded)."""
     if run is None:
         return GateReport(FAIL, [_check("run_finished", FAIL, "no training run is recorded for this version")])
-    checks: list[dict[str, Any]] = []
-    status = run.get("status")
-    if status == "running":
-        checks.append(_check("run_finished", WAIT, "the training run is still running", status))
-        return GateReport(WAIT, checks)
-    if status != "succeeded":
-        error = f" ({run.get('error')})" if run.get("error") else ""
-        checks.append(_check("run_finished", FAIL, f"the training run ended {status}{error}", status))
-    else:
-        checks.append(_check("run_finished", PASS, "the training run succeeded", status))
-
-    loss = _number(run.get("loss"))
-    bad_metrics = sorted(key for key, value in (run.get("metrics") or {}).items()
-                         if key not in KL_METRIC_KEYS and _not_finite(value))
-    if loss is None:
-        checks.append(_check("loss_finite", FAIL, "the training run recorded no loss", None))
-    elif not math.isfinite(loss):
-        checks.append(_check("loss_finite", FAIL, f"the loss is {loss}", loss))
-    elif bad_metrics:
-        checks.append(_check("loss_finite", FAIL, f"metrics not finite: {', '.join(bad_metrics)}", loss))
-    else:
-        checks.append(_check("loss_finite", PASS, f"loss {loss:.6g}", loss))
-
-    kl, source = kl_of(run)
-    if kl is None:
-        checks.append(_check("kl_bound", PASS, "KL to the incumbent not measured by the run", None))
-    elif not math.isfinite(kl):
-        checks.append(_check("kl_bound", FAIL, f"KL is {kl} ({source})", kl))
-    elif kl_bound is not None and kl > kl_bound:
-        checks.append(_check("kl_bound", FAIL, f"KL {kl:.6g} > bound {kl_bound:g} ({source})", kl))
-    else:
-        bound = f"<= {kl_bound:g}" if kl_bound is not None else "(no bound)"
-        checks.append(_check("kl_bound", PASS, f"KL {kl:.6g} {bound} ({source})", kl))
-
+    if run.status == "running":
+        return GateReport(WAIT, [_check("run_finished", WAIT, "the training run is still running", run.status)])
+    checks = [_run_finished(run), _loss_finite(run), _kl_bound(run, kl_bound)]
     outcome = FAIL if any(c["outcome"] == FAIL for c in checks) else PASS
     return GateReport(outcome, checks)
+
+
+def _run_finished(run: TrainingRun) -> dict[str, Any]:
+    if run.status != "succeeded":
+        error = f" ({run.error})" if run.error else ""
+        return _check("run_finished", FAIL, f"the training run ended {run.status}{error}", run.status)
+    return _check("run_finished", PASS, "the training run succeeded", run.status)
+
+
+def _loss_finite(run: TrainingRun) -> dict[str, Any]:
+    loss = _number(run.loss)
+    bad_metrics = sorted(key for key, value in run.metrics.items() if key not in KL_METRIC_KEYS and _not_finite(value))
+    if loss is None:
+        return _check("loss_finite", FAIL, "the training run recorded no loss", None)
+    if not math.isfinite(loss):
+        return _check("loss_finite", FAIL, f"the loss is {loss}", loss)
+    if bad_metrics:
+        return _check("loss_finite", FAIL, f"metrics not finite: {', '.join(bad_metrics)}", loss)
+    return _check("loss_finite", PASS, f"loss {loss:.6g}", loss)
+
+
+def _kl_bound(run: TrainingRun, kl_bound: float | None) -> dict[str, Any]:
+    kl, source = kl_of(run)
+    if kl is None:
+        return _check("kl_bound", PASS, "KL to the incumbent not measured by the run", None)
+    if not math.isfinite(kl):
+        return _check("kl_bound", FAIL, f"KL is {kl} ({source})", kl)
+    if kl_bound is not None and kl > kl_bound:
+        return _check("kl_bound", FAIL, f"KL {kl:.6g} > bound {kl_bound:g} ({source})", kl)
+    bound = f"<= {kl_bound:g}" if kl_bound is not None else "(no bound)"
+    return _check("kl_bound", PASS, f"KL {kl:.6g} {bound} ({source})", kl)

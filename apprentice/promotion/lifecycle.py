@@ -1,8 +1,9 @@
 """The lifecycle of an adapter version, as a state machine in PostgreSQL.
 
-    candidate -> canary -> promoted -> retired -> promoted (rollback)
-        |          |
-        +----------+--> rejected            candidate -> promoted ("promote now")
+The statuses and the allowed transitions are `status.VersionStatus` and `status.ALLOWED`.
+This module is the only writer of `adapter_versions` and `adapter_transitions` rows: the
+learner records a new candidate with `record_candidate` (inside its own transaction), and
+every later status change goes through `transition`.
 
 Each transition is one function and one transaction: it locks the policy (its
 `policy_state` row, created on first use), then the version's row, re-reads the status under
@@ -21,29 +22,33 @@ gateway reads always names an adapter that the endpoints serve.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Literal, cast
 
-from sqlalchemy import func, insert, or_, select, text, update
+import psycopg
+from sqlalchemy import Insert, func, insert, or_, select, text, update
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
 
+from apprentice.promotion.rows import AdapterVersion, PolicyState, Transition
+from apprentice.promotion.status import ALLOWED, SERVING, VersionStatus
 from apprentice.store.tables import adapter_transitions, adapter_versions, policy_state
 
-STATUSES = ("candidate", "canary", "promoted", "retired", "rejected")
-SERVING = ("canary", "promoted")
+__all__ = ["ALLOWED", "NOTIFY_CHANNEL", "SERVING", "STATUSES", "NewCandidate", "Prepare", "Serving", "TransitionError",
+           "TransitionResult", "VersionNotFound", "VersionStatus", "candidate_rows", "files_deleted", "find_version",
+           "get_version", "is_allowed", "last_transition_at", "learning_paused", "lock_policy", "next_version_number",
+           "policy_states", "promote", "record_candidate", "refusal", "reject", "rollback", "serving_versions",
+           "set_learning_paused", "start_canary", "transition", "transitions_of", "update_jsonb", "versions_of"]
 
-# to_status <- allowed from_statuses. "retired" is only ever entered as the side effect of
-# another version's promotion; "rejected" is final.
-ALLOWED: dict[str, frozenset[str]] = {
-    "canary": frozenset({"candidate"}),
-    "promoted": frozenset({"candidate", "canary", "retired"}),
-    "retired": frozenset({"promoted"}),
-    "rejected": frozenset({"candidate", "canary"}),
-    "candidate": frozenset(),
-}
+STATUSES: tuple[VersionStatus, ...] = tuple(VersionStatus)
 
 NOTIFY_CHANNEL = "apprentice_adapters"
+
+Prepare = Callable[[AdapterVersion], Awaitable[Any]]
 
 
 class VersionNotFound(LookupError):
@@ -54,29 +59,51 @@ class VersionNotFound(LookupError):
 class TransitionError(Exception):
     """The transition is not allowed from the version's current status (HTTP 409)."""
 
-    def __init__(self, message: str, current: str | None = None) -> None:
+    def __init__(self, message: str, current: VersionStatus | None = None) -> None:
         super().__init__(message)
         self.current = current
 
 
 def is_allowed(from_status: str, to_status: str) -> bool:
-    return from_status in ALLOWED.get(to_status, frozenset())
+    return VersionStatus(from_status).may_become(VersionStatus(to_status))
+
+
+def refusal(version: AdapterVersion, to_status: VersionStatus, allowed: Iterable[VersionStatus]) -> TransitionError:
+    """The error for a transition `version`'s status does not allow (naming the statuses that would)."""
+    origins = sorted(status.value for status in allowed)
+    return TransitionError(
+        f"adapter version {version.name} is {version.status}: it cannot become {to_status} "
+        f"(only from {', '.join(origins) if origins else 'no status'})", current=version.status)
+
+
+def files_deleted(version: AdapterVersion) -> TransitionError | None:
+    """The error for making a version serve whose files retention deleted; None when they are there."""
+    if version.files_deleted_at is None:
+        return None
+    return TransitionError(f"adapter version {version.name} cannot serve: its files were deleted at "
+                           f"{version.files_deleted_at.isoformat()} (retention)", current=version.status)
 
 
 @dataclass
 class TransitionResult:
-    version: dict[str, Any]
+    version: AdapterVersion
     changed: bool
-    from_status: str
+    from_status: VersionStatus
     # Versions that changed status as a side effect (the promoted version a promotion retires).
-    side_effects: list[dict[str, Any]] = field(default_factory=list)
+    side_effects: list[AdapterVersion] = field(default_factory=list)
     # What `prepare` returned (the endpoints' load outcomes).
     prepared: Any = None
 
 
-def _row(row: Any) -> dict[str, Any]:
-    return dict(row._mapping)
+@dataclass(frozen=True)
+class Serving:
+    """The versions of a policy that serve now (at most one of each)."""
 
+    promoted: AdapterVersion | None = None
+    canary: AdapterVersion | None = None
+
+
+# ---------------------------------------------------------------- reads
 
 async def lock_policy(connection: AsyncConnection, policy: str) -> None:
     """Serialise all transitions of one policy: lock its policy_state row (made on first use)."""
@@ -85,17 +112,17 @@ async def lock_policy(connection: AsyncConnection, policy: str) -> None:
     await connection.execute(select(policy_state.c.policy).where(policy_state.c.policy == policy).with_for_update())
 
 
-async def get_version(connection: AsyncConnection, version_id: uuid.UUID, *, lock: bool = False) -> dict[str, Any]:
+async def get_version(connection: AsyncConnection, version_id: uuid.UUID, *, lock: bool = False) -> AdapterVersion:
     query = select(adapter_versions).where(adapter_versions.c.id == version_id)
     if lock:
         query = query.with_for_update()
     row = (await connection.execute(query)).first()
     if row is None:
         raise VersionNotFound(version_id)
-    return _row(row)
+    return AdapterVersion.from_row(row)
 
 
-async def find_version(engine: AsyncEngine, ref: str | uuid.UUID, policy: str | None = None) -> dict[str, Any]:
+async def find_version(engine: AsyncEngine, ref: str | uuid.UUID, policy: str | None = None) -> AdapterVersion:
     """A version by id, by LoRA name, or (with a policy) by its number ("3" or "v3")."""
     conditions = [adapter_versions.c.name == str(ref)]
     try:
@@ -111,47 +138,148 @@ async def find_version(engine: AsyncEngine, ref: str | uuid.UUID, policy: str | 
         row = (await connection.execute(query)).first()
     if row is None:
         raise VersionNotFound(f"{ref!s}" + (f" of policy {policy!r}" if policy else ""))
-    return _row(row)
+    return AdapterVersion.from_row(row)
 
 
-async def serving_versions(connection: AsyncConnection, policy: str) -> dict[str, dict[str, Any]]:
-    """{"promoted": row, "canary": row} for the versions of `policy` that serve now."""
-    rows = await connection.execute(select(adapter_versions).where(
-        adapter_versions.c.policy == policy, adapter_versions.c.status.in_(SERVING)))
-    return {row.status: _row(row) for row in rows}
+async def versions_of(connection: AsyncConnection, policy: str | None,
+                      statuses: Iterable[VersionStatus]) -> list[AdapterVersion]:
+    """The versions of `policy` (None: of every policy) in one of `statuses`, oldest first."""
+    query = select(adapter_versions).where(adapter_versions.c.status.in_([s.value for s in statuses]))
+    if policy is not None:
+        query = query.where(adapter_versions.c.policy == policy)
+    rows = await connection.execute(query.order_by(adapter_versions.c.policy, adapter_versions.c.version))
+    return [AdapterVersion.from_row(row) for row in rows]
 
 
-async def _record(connection: AsyncConnection, version: dict[str, Any], to_status: str, actor: str,
-                  reason: str | None, values: dict[str, Any] | None = None) -> dict[str, Any]:
+async def serving_versions(connection: AsyncConnection, policy: str) -> Serving:
+    """The promoted and the canary version of `policy`, where there are any."""
+    by_status = {version.status: version for version in await versions_of(connection, policy, SERVING)}
+    return Serving(promoted=by_status.get(VersionStatus.PROMOTED), canary=by_status.get(VersionStatus.CANARY))
+
+
+async def learning_paused(connection: AsyncConnection, policy: str) -> bool:
+    value = (await connection.execute(select(policy_state.c.learning_paused)
+                                      .where(policy_state.c.policy == policy))).scalar()
+    return bool(value)
+
+
+async def last_transition_at(connection: AsyncConnection, version_id: uuid.UUID,
+                             to_status: VersionStatus | None = None) -> datetime | None:
+    query = select(func.max(adapter_transitions.c.created_at)).where(
+        adapter_transitions.c.adapter_version_id == version_id)
+    if to_status is not None:
+        query = query.where(adapter_transitions.c.to_status == to_status.value)
+    last: datetime | None = (await connection.execute(query)).scalar()
+    return last
+
+
+async def transitions_of(connection: AsyncConnection, version_id: uuid.UUID) -> list[Transition]:
+    rows = await connection.execute(select(adapter_transitions).where(
+        adapter_transitions.c.adapter_version_id == version_id).order_by(adapter_transitions.c.id))
+    return [Transition.from_row(row) for row in rows]
+
+
+# ---------------------------------------------------------------- a new candidate (the learner)
+
+@dataclass(frozen=True)
+class NewCandidate:
+    """What a finished training run knows about the adapter it saved."""
+
+    id: uuid.UUID
+    policy: str
+    version: int
+    name: str
+    base_model: str
+    path: str
+    parent_version_id: uuid.UUID | None  # the promoted version training continued from
+    training_run_id: uuid.UUID
+    rank: int
+    alpha: float
+    target_modules: list[str]
+
+
+def candidate_rows(candidate: NewCandidate) -> tuple[Insert, Insert]:
+    """The version row (status candidate) and its first transition row (NULL -> candidate, "auto")."""
+    version = insert(adapter_versions).values(
+        id=candidate.id, policy=candidate.policy, version=candidate.version, name=candidate.name,
+        status=VersionStatus.CANDIDATE.value, base_model=candidate.base_model, path=candidate.path,
+        parent_version_id=candidate.parent_version_id, training_run_id=candidate.training_run_id,
+        rank=candidate.rank, alpha=candidate.alpha, target_modules=sorted(candidate.target_modules))
+    first_transition = insert(adapter_transitions).values(
+        adapter_version_id=candidate.id, policy=candidate.policy, from_status=None,
+        to_status=VersionStatus.CANDIDATE.value, actor="auto",
+        reason=f"trained by learner run {candidate.training_run_id}")
+    return version, first_transition
+
+
+def record_candidate(connection: psycopg.Connection[Any], candidate: NewCandidate) -> None:
+    """Write a new candidate's rows on the learner's connection, inside the transaction it has open.
+
+    The learner commits these rows together with marking the trajectories it trained on and
+    finishing its run row, so a run killed before its commit leaves no trace of any of them.
+    """
+    for statement in candidate_rows(candidate):
+        _execute_on_psycopg(connection, statement)
+
+
+def next_version_number(connection: psycopg.Connection[Any], policy: str) -> int:
+    """The number the policy's next version gets (its LoRA name is `<policy>-v<number>`)."""
+    query = select(func.coalesce(func.max(adapter_versions.c.version), 0) + 1).where(
+        adapter_versions.c.policy == policy)
+    row = _execute_on_psycopg(connection, query).fetchone()
+    assert row is not None  # an aggregate always answers one row
+    return int(row[0])
+
+
+_PSYCOPG = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy leaves it unannotated
+
+
+def _execute_on_psycopg(connection: psycopg.Connection[Any], statement: ClauseElement) -> psycopg.Cursor[Any]:
+    """Run a SQLAlchemy Core statement on a plain psycopg connection, with SQLAlchemy's own
+    conversion of each parameter for psycopg (a JSONB value becomes `Jsonb(...)`)."""
+    compiled = cast(SQLCompiler, statement.compile(dialect=_PSYCOPG))
+    parameters = {}
+    for name, value in compiled.params.items():
+        convert = compiled.binds[name].type.dialect_impl(_PSYCOPG).bind_processor(_PSYCOPG)
+        parameters[name] = convert(value) if convert is not None else value
+    return connection.execute(str(compiled), parameters)
+
+
+# ---------------------------------------------------------------- transitions
+
+async def _record(connection: AsyncConnection, version: AdapterVersion, to_status: VersionStatus, actor: str,
+                  reason: str | None, values: dict[str, Any] | None = None) -> AdapterVersion:
     updated = (await connection.execute(
-        update(adapter_versions).where(adapter_versions.c.id == version["id"])
-        .values(status=to_status, updated_at=func.now(), **(values or {}))
+        update(adapter_versions).where(adapter_versions.c.id == version.id)
+        .values(status=to_status.value, updated_at=func.now(), **(values or {}))
         .returning(*adapter_versions.c))).one()
     await connection.execute(insert(adapter_transitions).values(
-        adapter_version_id=version["id"], policy=version["policy"], from_status=version["status"],
-        to_status=to_status, actor=actor, reason=reason))
+        adapter_version_id=version.id, policy=version.policy, from_status=version.status.value,
+        to_status=to_status.value, actor=actor, reason=reason))
     await connection.execute(text("SELECT pg_notify(:channel, :policy)"),
-                             {"channel": NOTIFY_CHANNEL, "policy": version["policy"]})
-    return _row(updated)
+                             {"channel": NOTIFY_CHANNEL, "policy": version.policy})
+    return AdapterVersion.from_row(updated)
 
 
-def _refuse(version: dict[str, Any], to_status: str, allowed: Iterable[str]) -> TransitionError:
-    allowed = sorted(allowed)
-    return TransitionError(
-        f"adapter version {version['name']} is {version['status']}: it cannot become {to_status} "
-        f"(only from {', '.join(allowed) if allowed else 'no status'})", current=version["status"])
-
-
-async def _begin(engine: AsyncEngine, version_id: uuid.UUID) -> tuple[Any, str]:
+async def _policy_of(engine: AsyncEngine, version_id: uuid.UUID) -> str:
     async with engine.connect() as connection:
-        version = await get_version(connection, version_id)
-    return version, version["policy"]
+        return (await get_version(connection, version_id)).policy
 
 
-async def transition(engine: AsyncEngine, version_id: uuid.UUID, to_status: str, *, actor: str,
-                     reason: str | None = None, from_statuses: Iterable[str] | None = None,
+def _values_for(to_status: VersionStatus, canary_share: float | None,
+                evaluation: dict[str, Any] | None) -> dict[str, Any]:
+    """The columns besides the status that a transition to `to_status` sets."""
+    if to_status is VersionStatus.CANARY:
+        return {"canary_share": canary_share, **({"evaluation": evaluation} if evaluation is not None else {})}
+    if to_status is VersionStatus.PROMOTED:
+        return {"canary_share": None}
+    return {}
+
+
+async def transition(engine: AsyncEngine, version_id: uuid.UUID, to_status: VersionStatus, *, actor: str,
+                     reason: str | None = None, from_statuses: Iterable[VersionStatus] | None = None,
                      canary_share: float | None = None, evaluation: dict[str, Any] | None = None,
-                     prepare: Callable[[dict[str, Any]], Awaitable[Any]] | None = None) -> TransitionResult:
+                     prepare: Prepare | None = None) -> TransitionResult:
     """Move a version to `to_status` (canary, promoted or rejected) in one locked transaction.
 
     `from_statuses` narrows the allowed origins (the periodic job promotes only canaries, a
@@ -163,70 +291,64 @@ async def transition(engine: AsyncEngine, version_id: uuid.UUID, to_status: str,
     Holding the lock across it means the reconciler cannot unload the adapter between the
     load and the commit.
     """
-    if to_status not in ("canary", "promoted", "rejected"):
+    if to_status not in (VersionStatus.CANARY, VersionStatus.PROMOTED, VersionStatus.REJECTED):
         raise ValueError(f"no transition function for {to_status!r}")
     allowed = ALLOWED[to_status] if from_statuses is None else ALLOWED[to_status] & frozenset(from_statuses)
-    _, policy = await _begin(engine, version_id)
+    policy = await _policy_of(engine, version_id)
     async with engine.begin() as connection:
         await lock_policy(connection, policy)
         version = await get_version(connection, version_id, lock=True)
-        if version["status"] == to_status:
+        if version.status == to_status:
             return TransitionResult(version, changed=False, from_status=to_status)
-        if version["status"] not in allowed:
-            raise _refuse(version, to_status, allowed)
-        if to_status in SERVING and version["files_deleted_at"] is not None:
-            raise TransitionError(f"adapter version {version['name']} cannot serve: its files were deleted "
-                                  f"at {version['files_deleted_at'].isoformat()} (retention)", current=version["status"])
+        if version.status not in allowed:
+            raise refusal(version, to_status, allowed)
+        if to_status.serving and (deleted := files_deleted(version)) is not None:
+            raise deleted
         serving = await serving_versions(connection, policy)
-        side: list[dict[str, Any]] = []
-        values: dict[str, Any] = {}
-        if to_status == "canary":
-            other = serving.get("canary")
-            if other is not None:
-                raise TransitionError(f"policy {policy!r} already has a canary ({other['name']}): promote or reject "
-                                      "it first", current=version["status"])
-            values["canary_share"] = canary_share
-            if evaluation is not None:
-                values["evaluation"] = evaluation
-        elif to_status == "promoted":
-            values["canary_share"] = None
+        if to_status is VersionStatus.CANARY and serving.canary is not None:
+            raise TransitionError(f"policy {policy!r} already has a canary ({serving.canary.name}): promote or "
+                                  "reject it first", current=version.status)
         prepared = await prepare(version) if prepare is not None else None
-        if to_status == "promoted" and serving.get("promoted") is not None:
-            previous = serving["promoted"]
-            side.append(await _record(connection, previous, "retired", actor,
-                                      f"replaced by {version['name']}" + (f": {reason}" if reason else "")))
-        updated = await _record(connection, version, to_status, actor, reason, values)
-    return TransitionResult(updated, changed=True, from_status=version["status"], side_effects=side,
-                            prepared=prepared)
+        side: list[AdapterVersion] = []
+        if to_status is VersionStatus.PROMOTED and serving.promoted is not None:
+            side.append(await _record(connection, serving.promoted, VersionStatus.RETIRED, actor,
+                                      f"replaced by {version.name}" + (f": {reason}" if reason else "")))
+        updated = await _record(connection, version, to_status, actor, reason,
+                                _values_for(to_status, canary_share, evaluation))
+    return TransitionResult(updated, changed=True, from_status=version.status, side_effects=side, prepared=prepared)
 
 
 async def start_canary(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, share: float,
                        reason: str | None = None, evaluation: dict[str, Any] | None = None,
-                       prepare: Callable[[dict[str, Any]], Awaitable[Any]] | None = None) -> TransitionResult:
-    return await transition(engine, version_id, "canary", actor=actor, reason=reason, canary_share=share,
+                       prepare: Prepare | None = None) -> TransitionResult:
+    return await transition(engine, version_id, VersionStatus.CANARY, actor=actor, reason=reason, canary_share=share,
                             evaluation=evaluation, prepare=prepare)
 
 
 async def promote(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, reason: str | None = None,
-                  from_statuses: Iterable[str] | None = None,
-                  prepare: Callable[[dict[str, Any]], Awaitable[Any]] | None = None) -> TransitionResult:
-    return await transition(engine, version_id, "promoted", actor=actor, reason=reason, from_statuses=from_statuses,
-                            prepare=prepare)
+                  from_statuses: Iterable[VersionStatus] | None = None,
+                  prepare: Prepare | None = None) -> TransitionResult:
+    return await transition(engine, version_id, VersionStatus.PROMOTED, actor=actor, reason=reason,
+                            from_statuses=from_statuses, prepare=prepare)
 
 
 async def reject(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, reason: str | None = None,
-                 from_statuses: Iterable[str] | None = None) -> TransitionResult:
-    return await transition(engine, version_id, "rejected", actor=actor, reason=reason, from_statuses=from_statuses)
+                 from_statuses: Iterable[VersionStatus] | None = None) -> TransitionResult:
+    return await transition(engine, version_id, VersionStatus.REJECTED, actor=actor, reason=reason,
+                            from_statuses=from_statuses)
 
 
 async def rollback(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str,
                    reason: str | None = None) -> TransitionResult:
     """Make a retired version promoted again (the promoted one is retired)."""
-    return await transition(engine, version_id, "promoted", actor=actor, reason=reason or "rollback",
-                            from_statuses=("retired",))
+    return await transition(engine, version_id, VersionStatus.PROMOTED, actor=actor, reason=reason or "rollback",
+                            from_statuses=(VersionStatus.RETIRED,))
 
 
-async def update_jsonb(engine: AsyncEngine, version_id: uuid.UUID, column: str, value: dict[str, Any]) -> None:
+# ---------------------------------------------------------------- documents and policy state
+
+async def update_jsonb(engine: AsyncEngine, version_id: uuid.UUID, column: Literal["gates", "evaluation"],
+                       value: dict[str, Any]) -> None:
     """Replace the `gates` or `evaluation` document of a version (no status change)."""
     if column not in ("gates", "evaluation"):
         raise ValueError(column)
@@ -235,8 +357,8 @@ async def update_jsonb(engine: AsyncEngine, version_id: uuid.UUID, column: str, 
                                  .values({column: value, "updated_at": func.now()}))
 
 
-async def set_learning_paused(engine: AsyncEngine, policy: str, paused: bool, *, actor: str) -> dict[str, Any]:
-    """Pause or resume learning for a policy (idempotent); returns the policy_state row."""
+async def set_learning_paused(engine: AsyncEngine, policy: str, paused: bool, *, actor: str) -> PolicyState:
+    """Pause or resume learning for a policy (idempotent: an unchanged state keeps who set it)."""
     async with engine.begin() as connection:
         row = (await connection.execute(text(
             "INSERT INTO policy_state (policy, learning_paused, updated_by, updated_at) "
@@ -247,25 +369,9 @@ async def set_learning_paused(engine: AsyncEngine, policy: str, paused: bool, *,
             {"p": policy, "paused": paused, "actor": actor})).first()
         if row is None:  # already in that state: nothing written
             row = (await connection.execute(select(policy_state).where(policy_state.c.policy == policy))).one()
-    return _row(row)
+    return PolicyState.from_row(row)
 
 
-async def learning_paused(connection: AsyncConnection, policy: str) -> bool:
-    value = (await connection.execute(select(policy_state.c.learning_paused)
-                                      .where(policy_state.c.policy == policy))).scalar()
-    return bool(value)
-
-
-async def last_transition_at(connection: AsyncConnection, version_id: uuid.UUID,
-                             to_status: str | None = None) -> datetime | None:
-    query = select(func.max(adapter_transitions.c.created_at)).where(
-        adapter_transitions.c.adapter_version_id == version_id)
-    if to_status is not None:
-        query = query.where(adapter_transitions.c.to_status == to_status)
-    return (await connection.execute(query)).scalar()
-
-
-async def transitions_of(connection: AsyncConnection, version_id: uuid.UUID) -> list[dict[str, Any]]:
-    rows = await connection.execute(select(adapter_transitions).where(
-        adapter_transitions.c.adapter_version_id == version_id).order_by(adapter_transitions.c.id))
-    return [_row(row) for row in rows]
+async def policy_states(connection: AsyncConnection) -> dict[str, PolicyState]:
+    """Every policy_state row by policy (a policy without one was never paused)."""
+    return {row.policy: PolicyState.from_row(row) for row in await connection.execute(select(policy_state))}

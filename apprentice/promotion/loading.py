@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 
@@ -113,8 +114,8 @@ async def _load_one(client: httpx.AsyncClient, endpoint: str, name: str, path: s
             return "present"
         inplace = True  # another adapter under this name (a reused name): replace it in place
     try:
-        response = await client.post(f"{endpoint}/load_lora_adapter", headers=_headers(api_key),
-                                     json={"lora_name": name, "lora_path": path, **({"load_inplace": True} if inplace else {})})
+        body = {"lora_name": name, "lora_path": path, **({"load_inplace": True} if inplace else {})}
+        response = await client.post(f"{endpoint}/load_lora_adapter", headers=_headers(api_key), json=body)
     except httpx.HTTPError as exc:  # the load may have happened: the next attempt checks /models first
         raise _Transient(f"{type(exc).__name__}: {exc}") from exc
     if response.status_code != 200 and not (response.status_code == 400 and ALREADY_LOADED in response.text):
@@ -177,7 +178,8 @@ async def _run_everywhere(endpoints: Sequence[str], name: str, action: str, make
     finally:
         if own:
             await client.aclose()
-    failures = {endpoint: result for endpoint, result in zip(endpoints, results) if isinstance(result, str)}
+    failures = {endpoint: result for endpoint, result in zip(endpoints, results, strict=True)
+                if isinstance(result, str)}
     if failures:
         raise LoadError(name, failures, action, permanent=all(permanent))
     return [r for r in results if isinstance(r, EndpointOutcome)]
@@ -204,8 +206,8 @@ async def unload(endpoints: Sequence[str], name: str, *, api_key: str | None = N
                                  client, timeout_s, attempts, backoff_s)
 
 
-async def loaded_at(endpoints: Sequence[str], *, api_key: str | None = None,
-                    client: httpx.AsyncClient | None = None, timeout_s: float = 30.0) -> dict[str, dict[str, Any] | str]:
+async def loaded_at(endpoints: Sequence[str], *, api_key: str | None = None, client: httpx.AsyncClient | None = None,
+                    timeout_s: float = 30.0) -> dict[str, dict[str, Any] | str]:
     """{endpoint: {model id: root}} for each endpoint, or the error text where it did not answer."""
     own = client is None
     client = client or httpx.AsyncClient(timeout=timeout_s)
@@ -220,4 +222,4 @@ async def loaded_at(endpoints: Sequence[str], *, api_key: str | None = None,
     finally:
         if own:
             await client.aclose()
-    return dict(zip(endpoints, results))
+    return dict(zip(endpoints, results, strict=True))

@@ -17,28 +17,43 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable
 
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from apprentice.promotion.rows import AdapterVersion
+from apprentice.promotion.status import VersionStatus
 from apprentice.store.tables import adapter_transitions, adapter_versions
 
 log = logging.getLogger(__name__)
 
-DELETABLE_STATUSES = frozenset({"rejected", "retired"})
+DELETABLE_STATUSES = frozenset({VersionStatus.REJECTED, VersionStatus.RETIRED})
+# A version that serves or once served is kept: a rollback may need it.
+EVER_PROMOTED_STATUSES = frozenset({VersionStatus.PROMOTED, VersionStatus.RETIRED})
 
 
-def plan_retention(versions: Iterable[dict[str, Any]], keep_last: int,
-                   ever_promoted: set[uuid.UUID]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Deletion:
+    """What retention did with one version's files: deleted, missing, or refused (and why)."""
+
+    id: uuid.UUID
+    name: str
+    path: str
+    result: str
+
+
+def plan_retention(versions: Iterable[AdapterVersion], keep_last: int,
+                   ever_promoted: set[uuid.UUID]) -> list[AdapterVersion]:
     """The versions whose files should go (pure: no clock, no files)."""
-    ordered = sorted(versions, key=lambda v: v["version"], reverse=True)
-    newest = {v["id"] for v in ordered[:keep_last]}
+    ordered = sorted(versions, key=lambda v: v.version, reverse=True)
+    newest = {v.id for v in ordered[:keep_last]}
     return [v for v in ordered
-            if v["id"] not in newest and v["id"] not in ever_promoted
-            and v["status"] in DELETABLE_STATUSES and v.get("files_deleted_at") is None]
+            if v.id not in newest and v.id not in ever_promoted
+            and v.status in DELETABLE_STATUSES and v.files_deleted_at is None]
 
 
 def delete_adapter_files(path: str) -> str:
@@ -53,32 +68,31 @@ def delete_adapter_files(path: str) -> str:
 
 
 async def apply_retention(engine: AsyncEngine, policy: str, *, keep_last: int, grace_s: float,
-                          now: datetime | None = None) -> list[dict[str, Any]]:
-    """Delete the files of the versions `plan_retention` picks; returns [{id, name, path, result}]."""
+                          now: datetime | None = None) -> list[Deletion]:
+    """Delete the files of the versions `plan_retention` picks, once their grace period is over."""
     now = now or datetime.now(timezone.utc)
     async with engine.connect() as connection:
-        versions = [dict(row._mapping) for row in await connection.execute(
-            select(adapter_versions.c.id, adapter_versions.c.name, adapter_versions.c.version,
-                   adapter_versions.c.status, adapter_versions.c.path, adapter_versions.c.files_deleted_at)
-            .where(adapter_versions.c.policy == policy))]
+        versions = [AdapterVersion.from_row(row) for row in await connection.execute(
+            select(adapter_versions).where(adapter_versions.c.policy == policy))]
         promoted = {row[0] for row in await connection.execute(
             select(adapter_transitions.c.adapter_version_id).where(
-                adapter_transitions.c.policy == policy, adapter_transitions.c.to_status == "promoted"))}
-        promoted |= {v["id"] for v in versions if v["status"] in ("promoted", "retired")}
-        last = dict((row[0], row[1]) for row in await connection.execute(
+                adapter_transitions.c.policy == policy,
+                adapter_transitions.c.to_status == VersionStatus.PROMOTED.value))}
+        promoted |= {v.id for v in versions if v.status in EVER_PROMOTED_STATUSES}
+        last = {row[0]: row[1] for row in await connection.execute(
             select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
-            .where(adapter_transitions.c.policy == policy).group_by(adapter_transitions.c.adapter_version_id)))
+            .where(adapter_transitions.c.policy == policy).group_by(adapter_transitions.c.adapter_version_id))}
     done = []
     for version in plan_retention(versions, keep_last, promoted):
-        changed_at = last.get(version["id"])
+        changed_at = last.get(version.id)
         if changed_at is not None and now - changed_at < timedelta(seconds=grace_s):
             continue
-        result = delete_adapter_files(version["path"])
+        result = delete_adapter_files(version.path)
         if result.startswith("refused"):
-            log.warning("retention: not deleting %s for %s (%s)", version["path"], version["name"], result)
+            log.warning("retention: not deleting %s for %s (%s)", version.path, version.name, result)
         else:
             async with engine.begin() as connection:
-                await connection.execute(update(adapter_versions).where(adapter_versions.c.id == version["id"])
+                await connection.execute(update(adapter_versions).where(adapter_versions.c.id == version.id)
                                          .values(files_deleted_at=func.now(), updated_at=func.now()))
-        done.append({"id": version["id"], "name": version["name"], "path": version["path"], "result": result})
+        done.append(Deletion(version.id, version.name, version.path, result))
     return done

@@ -29,6 +29,7 @@ significantly worse canary is still rejected.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -36,24 +37,30 @@ from datetime import datetime, timezone
 from typing import Any
 
 import httpx
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from apprentice.settings import PolicySettings, Settings, resolve_secret
-from apprentice.store.tables import adapter_transitions, adapter_versions, policy_state, training_runs
 from apprentice.promotion import evaluation as ev
 from apprentice.promotion import lifecycle, loading
 from apprentice.promotion.gates import FAIL, PASS, GateReport, evaluate_gates, json_number
 from apprentice.promotion.lifecycle import TransitionError, TransitionResult, VersionNotFound
 from apprentice.promotion.retention import apply_retention
+from apprentice.promotion.rows import AdapterVersion, PolicyState, TrainingRun, Transition
+from apprentice.promotion.status import SERVING, VersionStatus
+from apprentice.settings import PolicySettings, Settings, resolve_secret
+from apprentice.store.tables import adapter_transitions, training_runs
 
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
 
-__all__ = ["AUTO", "ActionResult", "PolicyNotConfigured", "TickReport", "TransitionError", "VersionNotFound",
-           "approve", "promote_now", "reject", "rollback", "set_paused", "promotion_tick", "run_promotion_tick", "reconcile",
-           "evaluate_canary", "check_gates", "list_policies", "list_versions", "version_detail"]
+__all__ = ["AUTO", "ActionResult", "CanaryEvaluation", "PolicyNotConfigured", "PolicySummary", "TickReport",
+           "TransitionError", "VersionDetail", "VersionNotFound", "approve", "check_gates", "evaluate_canary",
+           "list_policies", "list_versions", "promote_now", "promotion_tick", "reconcile", "reject", "rollback",
+           "run_promotion_tick", "set_paused", "version_detail"]
+
+CANDIDATE, CANARY, PROMOTED = VersionStatus.CANDIDATE, VersionStatus.CANARY, VersionStatus.PROMOTED
+RETIRED, REJECTED = VersionStatus.RETIRED, VersionStatus.REJECTED
 
 
 class PolicyNotConfigured(LookupError):
@@ -89,94 +96,103 @@ def policy_settings(settings: Settings, name: str) -> PolicySettings:
     return policy
 
 
-def reward_name(policy: PolicySettings) -> str:
-    learning = getattr(policy, "learning", None)
-    return getattr(learning, "reward_name", None) or "reward"
-
-
-async def _load(policy: PolicySettings, version: dict[str, Any],
+async def _load(policy: PolicySettings, version: AdapterVersion,
                 client: httpx.AsyncClient | None) -> list[loading.EndpointOutcome]:
-    if version["files_deleted_at"] is not None:
-        raise TransitionError(f"adapter version {version['name']} cannot serve: its files were deleted at "
-                              f"{version['files_deleted_at'].isoformat()} (retention)", current=version["status"])
-    return await loading.ensure_loaded(policy.endpoints, version["name"], version["path"],
+    if (deleted := lifecycle.files_deleted(version)) is not None:
+        raise deleted
+    return await loading.ensure_loaded(policy.endpoints, version.name, version.path,
                                        api_key=resolve_secret(policy.api_key), client=client)
 
 
-def _precheck(version: dict[str, Any], to_status: str, from_statuses: tuple[str, ...] | None = None) -> bool:
+def _precheck(version: AdapterVersion, to_status: VersionStatus,
+              from_statuses: tuple[VersionStatus, ...] | None = None) -> bool:
     """True when there is something to do; TransitionError when it is not allowed (before loading)."""
-    if version["status"] == to_status:
+    if version.status == to_status:
         return False
     allowed = lifecycle.ALLOWED[to_status] & frozenset(from_statuses or lifecycle.ALLOWED[to_status])
-    if version["status"] not in allowed:
-        raise lifecycle._refuse(version, to_status, allowed)
+    if version.status not in allowed:
+        raise lifecycle.refusal(version, to_status, allowed)
     return True
+
+
+def _unchanged(version: AdapterVersion) -> ActionResult:
+    return ActionResult(TransitionResult(version, changed=False, from_status=version.status))
 
 
 # ---------------------------------------------------------------- gates
 
-async def training_run_of(engine: AsyncEngine, version: dict[str, Any]) -> dict[str, Any] | None:
+async def training_run_of(engine: AsyncEngine, version: AdapterVersion) -> TrainingRun | None:
     query = select(training_runs)
-    if version.get("training_run_id") is not None:
-        query = query.where(training_runs.c.id == version["training_run_id"])
+    if version.training_run_id is not None:
+        query = query.where(training_runs.c.id == version.training_run_id)
     else:  # the learner may only have filled training_runs.produced_version_id
-        query = query.where(training_runs.c.produced_version_id == version["id"])
+        query = query.where(training_runs.c.produced_version_id == version.id)
     async with engine.connect() as connection:
         row = (await connection.execute(query.order_by(training_runs.c.started_at.desc()).limit(1))).first()
-    return dict(row._mapping) if row is not None else None
+    return TrainingRun.from_row(row) if row is not None else None
 
 
-async def check_gates(engine: AsyncEngine, settings: Settings, version: dict[str, Any]) -> GateReport:
+async def check_gates(engine: AsyncEngine, settings: Settings, version: AdapterVersion) -> GateReport:
     """Evaluate the gates of a version's training run and store them in `adapter_versions.gates`."""
-    policy = policy_settings(settings, version["policy"])
+    policy = policy_settings(settings, version.policy)
     report = evaluate_gates(await training_run_of(engine, version), policy.promotion.kl_bound)
     document = {**report.as_json(), "kl_bound": policy.promotion.kl_bound, "checked_at": _now().isoformat()}
-    if version.get("gates", {}).get("outcome") != report.outcome or report.outcome != "wait":
-        await lifecycle.update_jsonb(engine, version["id"], "gates", document)
+    if version.gates.get("outcome") != report.outcome or report.outcome != "wait":
+        await lifecycle.update_jsonb(engine, version.id, "gates", document)
     return report
+
+
+async def _require_gates(engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, force: bool,
+                         hint: str = "") -> GateReport:
+    gates = await check_gates(engine, settings, version)
+    if not gates.passed and not force:
+        detail = "; ".join(gates.failures()) or "the training run has not finished"
+        raise TransitionError(f"adapter version {version.name} does not pass the gates: {detail}{hint}",
+                              current=version.status)
+    return gates
 
 
 # ---------------------------------------------------------------- admin actions
 
-async def _start_canary(engine: AsyncEngine, settings: Settings, version: dict[str, Any], *, actor: str,
+async def _start_canary(engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, actor: str,
                         reason: str | None, client: httpx.AsyncClient | None, force: bool = False) -> ActionResult:
-    if not _precheck(version, "canary"):
-        return ActionResult(TransitionResult(version, False, version["status"]))
-    policy = policy_settings(settings, version["policy"])
-    gates = await check_gates(engine, settings, version)
-    if not gates.passed and not force:
-        detail = "; ".join(gates.failures()) or "the training run has not finished"
-        raise TransitionError(f"adapter version {version['name']} does not pass the gates: {detail}",
-                              current=version["status"])
+    if not _precheck(version, CANARY):
+        return _unchanged(version)
+    policy = policy_settings(settings, version.policy)
+    gates = await _require_gates(engine, settings, version, force=force)
     async with engine.connect() as connection:
-        serving = await lifecycle.serving_versions(connection, version["policy"])
-    if "canary" in serving:
-        raise TransitionError(f"policy {version['policy']!r} already has a canary ({serving['canary']['name']}): "
-                              "promote or reject it first", current=version["status"])
-    incumbent = serving.get("promoted")
-    evaluation = {"incumbent_version_id": str(incumbent["id"]) if incumbent else None,
-                  "incumbent_name": incumbent["name"] if incumbent else None, "verdict": ev.INSUFFICIENT}
-    result = await lifecycle.start_canary(engine, version["id"], actor=actor, share=policy.promotion.canary_share,
-                                          reason=reason, evaluation=evaluation,
-                                          prepare=lambda locked: _load(policy, locked, client))
+        serving = await lifecycle.serving_versions(connection, version.policy)
+    if serving.canary is not None:
+        raise TransitionError(f"policy {version.policy!r} already has a canary ({serving.canary.name}): "
+                              "promote or reject it first", current=version.status)
+    incumbent = serving.promoted
+    evaluation = {"incumbent_version_id": str(incumbent.id) if incumbent else None,
+                  "incumbent_name": incumbent.name if incumbent else None, "verdict": ev.INSUFFICIENT}
+
+    async def load(locked: AdapterVersion) -> list[loading.EndpointOutcome]:
+        return await _load(policy, locked, client)
+
+    result = await lifecycle.start_canary(engine, version.id, actor=actor, share=policy.promotion.canary_share,
+                                          reason=reason, evaluation=evaluation, prepare=load)
     return ActionResult(result, result.prepared or [], gates)
 
 
-async def _promote(engine: AsyncEngine, settings: Settings, version: dict[str, Any], *, actor: str,
+async def _promote(engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, actor: str,
                    reason: str | None, client: httpx.AsyncClient | None,
-                   from_statuses: tuple[str, ...] | None = None, force: bool = False) -> ActionResult:
-    if not _precheck(version, "promoted", from_statuses):
-        return ActionResult(TransitionResult(version, False, version["status"]))
-    policy = policy_settings(settings, version["policy"])
+                   from_statuses: tuple[VersionStatus, ...] | None = None, force: bool = False) -> ActionResult:
+    if not _precheck(version, PROMOTED, from_statuses):
+        return _unchanged(version)
+    policy = policy_settings(settings, version.policy)
     gates = None
-    if version["status"] == "candidate":
-        gates = await check_gates(engine, settings, version)
-        if not gates.passed and not force:
-            detail = "; ".join(gates.failures()) or "the training run has not finished"
-            raise TransitionError(f"adapter version {version['name']} does not pass the gates: {detail} "
-                                  "(promote with force to override)", current=version["status"])
-    result = await lifecycle.promote(engine, version["id"], actor=actor, reason=reason, from_statuses=from_statuses,
-                                     prepare=lambda locked: _load(policy, locked, client))
+    if version.status == CANDIDATE:
+        gates = await _require_gates(engine, settings, version, force=force,
+                                     hint=" (promote with force to override)")
+
+    async def load(locked: AdapterVersion) -> list[loading.EndpointOutcome]:
+        return await _load(policy, locked, client)
+
+    result = await lifecycle.promote(engine, version.id, actor=actor, reason=reason, from_statuses=from_statuses,
+                                     prepare=load)
     return ActionResult(result, result.prepared or [], gates)
 
 
@@ -184,13 +200,13 @@ async def approve(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID,
                   reason: str | None = None, client: httpx.AsyncClient | None = None) -> ActionResult:
     """The admin's yes: a candidate becomes the canary, a canary is promoted."""
     version = await lifecycle.find_version(engine, ref)
-    if version["status"] == "candidate":
+    if version.status == CANDIDATE:
         return await _start_canary(engine, settings, version, actor=actor, reason=reason or "approved", client=client)
-    if version["status"] in ("canary", "promoted"):
+    if version.status in (CANARY, PROMOTED):
         return await _promote(engine, settings, version, actor=actor, reason=reason or "approved", client=client,
-                              from_statuses=("canary",))
-    raise TransitionError(f"adapter version {version['name']} is {version['status']}: only a candidate or a canary "
-                          "can be approved", current=version["status"])
+                              from_statuses=(CANARY,))
+    raise TransitionError(f"adapter version {version.name} is {version.status}: only a candidate or a canary "
+                          "can be approved", current=version.status)
 
 
 async def promote_now(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID, *, actor: str,
@@ -205,9 +221,9 @@ async def promote_now(engine: AsyncEngine, settings: Settings, ref: str | uuid.U
 async def reject(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID, *, actor: str,
                  reason: str | None = None) -> ActionResult:
     version = await lifecycle.find_version(engine, ref)
-    policy_settings(settings, version["policy"])
-    _precheck(version, "rejected")
-    return ActionResult(await lifecycle.reject(engine, version["id"], actor=actor, reason=reason or "rejected"))
+    policy_settings(settings, version.policy)
+    _precheck(version, REJECTED)
+    return ActionResult(await lifecycle.reject(engine, version.id, actor=actor, reason=reason or "rejected"))
 
 
 async def rollback(engine: AsyncEngine, settings: Settings, policy: str, ref: str | uuid.UUID, *, actor: str,
@@ -216,48 +232,60 @@ async def rollback(engine: AsyncEngine, settings: Settings, policy: str, ref: st
     policy_settings(settings, policy)
     version = await lifecycle.find_version(engine, ref, policy=policy)
     return await _promote(engine, settings, version, actor=actor, reason=reason or "rollback", client=client,
-                          from_statuses=("retired",))
+                          from_statuses=(RETIRED,))
 
 
 async def set_paused(engine: AsyncEngine, settings: Settings, policy: str, paused: bool, *,
-                     actor: str) -> dict[str, Any]:
+                     actor: str) -> PolicyState:
     policy_settings(settings, policy)
     return await lifecycle.set_learning_paused(engine, policy, paused, actor=actor)
 
 
 # ---------------------------------------------------------------- evaluation
 
-async def evaluate_canary(engine: AsyncEngine, settings: Settings, version: dict[str, Any],
-                          now: datetime | None = None) -> dict[str, Any]:
-    """The canary's comparison with the promoted version now, and what an automatic policy does."""
-    policy = policy_settings(settings, version["policy"])
-    settings_p = policy.promotion
+@dataclass(frozen=True)
+class CanaryEvaluation:
+    """The canary's comparison with the promoted version, and what an automatic policy does now."""
+
+    decision: str  # evaluation.PROMOTE | REJECT | TIMEOUT | WAIT | REVIEW
+    document: dict[str, Any]  # stored in adapter_versions.evaluation (JSON-safe numbers)
+
+    @property
+    def summary(self) -> str:
+        """The interval in words, for transition reasons and the job's report."""
+        document = self.document
+        interval = document.get("interval") or {}
+        if not interval:
+            return f"n={document['canary']['n']}/{document['incumbent']['n']}"
+        return (f"mean difference {interval['difference']:+.4f}, {document['confidence']:.0%} interval "
+                f"[{interval['low']:+.4f}, {interval['high']:+.4f}] ({document['method']}, "
+                f"n={document['canary']['n']} vs {document['incumbent']['n']})")
+
+
+async def evaluate_canary(engine: AsyncEngine, settings: Settings, version: AdapterVersion,
+                          now: datetime | None = None) -> CanaryEvaluation:
+    """Compare the canary's rewards with the promoted version's since the canary started."""
+    policy = policy_settings(settings, version.policy)
+    promotion = policy.promotion
+    reward_name = policy.learning.reward_name
     now = now or _now()
     async with engine.connect() as connection:
-        since = await lifecycle.last_transition_at(connection, version["id"], "canary") or version["updated_at"]
-        incumbent = (await lifecycle.serving_versions(connection, version["policy"])).get("promoted")
-        canary, base = await ev.arm_rewards(connection, version["policy"], version["id"],
-                                            incumbent["id"] if incumbent else None, since, reward_name(policy))
-    comparison = ev.compare(canary, base, method=settings_p.method, confidence=settings_p.confidence,
-                            min_samples=settings_p.min_samples)
+        since = await lifecycle.last_transition_at(connection, version.id, CANARY) or version.updated_at
+        incumbent = (await lifecycle.serving_versions(connection, version.policy)).promoted
+        canary, base = await ev.arm_rewards(connection, version.policy, version.id,
+                                            incumbent.id if incumbent else None, since, reward_name)
+    comparison = ev.compare(canary, base, method=promotion.method, confidence=promotion.confidence,
+                            min_samples=promotion.min_samples)
     elapsed = (now - since).total_seconds()
-    decision = ev.decide(comparison, mode=settings_p.mode, elapsed_s=elapsed, timeout_s=settings_p.timeout_s)
-    document = comparison.as_json()
-    return {**document, "verdict": comparison.verdict, "decision": decision, "mode": settings_p.mode,
-            "canary_since": since.isoformat(), "elapsed_s": round(elapsed, 3), "timeout_s": settings_p.timeout_s,
-            "timed_out": elapsed >= settings_p.timeout_s,
-            "incumbent_version_id": str(incumbent["id"]) if incumbent else None,
-            "incumbent_name": incumbent["name"] if incumbent else None,
-            "reward_name": reward_name(policy), "evaluated_at": now.isoformat()}
-
-
-def _interval_text(evaluation: dict[str, Any]) -> str:
-    interval = evaluation.get("interval") or {}
-    if not interval:
-        return f"n={evaluation['canary']['n']}/{evaluation['incumbent']['n']}"
-    return (f"mean difference {interval['difference']:+.4f}, {evaluation['confidence']:.0%} interval "
-            f"[{interval['low']:+.4f}, {interval['high']:+.4f}] ({evaluation['method']}, "
-            f"n={evaluation['canary']['n']} vs {evaluation['incumbent']['n']})")
+    decision = ev.decide(comparison, mode=promotion.mode, elapsed_s=elapsed, timeout_s=promotion.timeout_s)
+    document = {**comparison.as_json(), "verdict": comparison.verdict, "decision": decision, "mode": promotion.mode,
+                "canary_since": since.isoformat(), "elapsed_s": round(elapsed, 3), "timeout_s": promotion.timeout_s,
+                "timed_out": elapsed >= promotion.timeout_s,
+                "incumbent_version_id": str(incumbent.id) if incumbent else None,
+                "incumbent_name": incumbent.name if incumbent else None,
+                "reward_name": reward_name, "evaluated_at": now.isoformat()}
+    return CanaryEvaluation(decision, {k: (json_number(v) if isinstance(v, float) else v)
+                                       for k, v in document.items()})
 
 
 # ---------------------------------------------------------------- the periodic job
@@ -280,19 +308,7 @@ async def promotion_tick(engine: AsyncEngine, settings: Settings, *, client: htt
             if policies is not None and policy.name not in policies:
                 continue
             try:
-                async with engine.connect() as lock_connection:
-                    key = f"apprentice.promotion.{policy.name}"
-                    got = (await lock_connection.execute(text("SELECT pg_try_advisory_lock(hashtext(:k))"),
-                                                         {"k": key})).scalar()
-                    await lock_connection.commit()
-                    if not got:
-                        report.add(policy.name, None, "skipped", "another process is handling this policy")
-                        continue
-                    try:
-                        await _tick_policy(engine, settings, policy, report, client, now or _now())
-                    finally:
-                        await lock_connection.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
-                        await lock_connection.commit()
+                await _tick_policy_once(engine, settings, policy, report, client, now or _now())
             except Exception as exc:  # one policy's trouble must not stop the others
                 log.exception("promotion tick failed for policy %s", policy.name)
                 report.errors.append(f"{policy.name}: {type(exc).__name__}: {exc}")
@@ -300,6 +316,25 @@ async def promotion_tick(engine: AsyncEngine, settings: Settings, *, client: htt
         if own:
             await client.aclose()
     return report
+
+
+async def _tick_policy_once(engine: AsyncEngine, settings: Settings, policy: PolicySettings, report: TickReport,
+                            client: httpx.AsyncClient, now: datetime) -> None:
+    """`_PolicyPass` under the policy's advisory lock; skipped while another process holds it."""
+    key = f"apprentice.promotion.{policy.name}"
+    async with engine.connect() as lock_connection:
+        got = (await lock_connection.execute(text("SELECT pg_try_advisory_lock(hashtext(:k))"), {"k": key})).scalar()
+        await lock_connection.commit()
+        if not got:
+            report.add(policy.name, None, "skipped", "another process is handling this policy")
+            return
+        try:
+            async with engine.connect() as connection:
+                paused = await lifecycle.learning_paused(connection, policy.name)
+            await _PolicyPass(engine, settings, policy, report, client, now, paused).run()
+        finally:
+            await lock_connection.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
+            await lock_connection.commit()
 
 
 def run_promotion_tick(settings: Settings, database_url: str, *, policies: list[str] | None = None) -> TickReport:
@@ -319,95 +354,116 @@ def run_promotion_tick(settings: Settings, database_url: str, *, policies: list[
     return asyncio.run(once())
 
 
-async def _tick_policy(engine: AsyncEngine, settings: Settings, policy: PolicySettings, report: TickReport,
-                       client: httpx.AsyncClient, now: datetime) -> None:
-    name = policy.name
-    async with engine.connect() as connection:
-        paused = await lifecycle.learning_paused(connection, name)
-        candidates = [dict(row._mapping) for row in await connection.execute(
-            select(adapter_versions).where(adapter_versions.c.policy == name,
-                                           adapter_versions.c.status == "candidate")
-            .order_by(adapter_versions.c.version))]
-        serving = await lifecycle.serving_versions(connection, name)
+@dataclass
+class _PolicyPass:
+    """One policy's share of a tick: what it works with, and its steps in order."""
+
+    engine: AsyncEngine
+    settings: Settings
+    policy: PolicySettings
+    report: TickReport
+    client: httpx.AsyncClient
+    now: datetime
+    paused: bool  # an admin paused the policy: no automatic canary starts or promotions
+
+    async def run(self) -> None:
+        await self.gate_candidates()
+        await self.judge_canary()
+        await reconcile(self.engine, self.policy, report=self.report, client=self.client, now=self.now)
+        await self.apply_retention()
 
     # 1. gates, then the newest passing candidate becomes the canary
-    passing = []
-    for version in candidates:
-        gates = await check_gates(engine, settings, version)
-        if gates.outcome == FAIL:
-            await _auto(report, name, version, "rejected", lifecycle.reject(
-                engine, version["id"], actor=AUTO, from_statuses=("candidate",),
-                reason="gates failed: " + "; ".join(gates.failures())))
-        elif gates.outcome == PASS:
-            passing.append(version)
-    if passing and "canary" not in serving and policy.promotion.auto_canary and not paused:
-        newest = passing[-1]
+    async def gate_candidates(self) -> None:
+        passing = []
+        for version in await self._versions(CANDIDATE):
+            gates = await check_gates(self.engine, self.settings, version)
+            if gates.outcome == FAIL:
+                await self._reject(version, CANDIDATE, "gates failed: " + "; ".join(gates.failures()))
+            elif gates.outcome == PASS:
+                passing.append(version)
+        if passing and await self._may_start_a_canary():
+            await self._start_canary(newest=passing[-1], superseded=passing[:-1])
+
+    async def _may_start_a_canary(self) -> bool:
+        if self.paused or not self.policy.promotion.auto_canary:
+            return False
+        return not await self._versions(CANARY)
+
+    async def _start_canary(self, newest: AdapterVersion, superseded: list[AdapterVersion]) -> None:
+        share = self.policy.promotion.canary_share
         try:
-            result = await _start_canary(engine, settings, newest, actor=AUTO, client=client,
-                                         reason=f"gates passed; canary at {policy.promotion.canary_share:.0%} "
-                                                "of new trajectories")
-            report.add(name, newest["name"], "canary" if result.transition.changed else "unchanged",
-                       ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints))
-            for older in passing[:-1]:
-                await _auto(report, name, older, "rejected", lifecycle.reject(
-                    engine, older["id"], actor=AUTO, from_statuses=("candidate",),
-                    reason=f"superseded by the newer candidate {newest['name']}"))
+            result = await _start_canary(self.engine, self.settings, newest, actor=AUTO, client=self.client,
+                                         reason=f"gates passed; canary at {share:.0%} of new trajectories")
         except loading.LoadError as exc:
-            report.errors.append(f"{name}: {exc}")
+            self.report.errors.append(f"{self.policy.name}: {exc}")
             if exc.permanent:  # no adapter at the path, wrong base, rank too high: retrying won't help
-                await _auto(report, name, newest, "rejected", lifecycle.reject(
-                    engine, newest["id"], actor=AUTO, from_statuses=("candidate",),
-                    reason=f"could not be loaded: {exc}"))
+                await self._reject(newest, CANDIDATE, f"could not be loaded: {exc}")
             else:
-                report.add(name, newest["name"], "load_failed", str(exc))
+                self.report.add(self.policy.name, newest.name, "load_failed", str(exc))
+            return
         except TransitionError as exc:  # an admin acted meanwhile
-            report.add(name, newest["name"], "unchanged", str(exc))
+            self.report.add(self.policy.name, newest.name, "unchanged", str(exc))
+            return
+        self.report.add(self.policy.name, newest.name, "canary" if result.transition.changed else "unchanged",
+                        ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints))
+        for older in superseded:
+            await self._reject(older, CANDIDATE, f"superseded by the newer candidate {newest.name}")
 
     # 2. the canary's evaluation and the automatic verdict
-    async with engine.connect() as connection:
-        canary = (await lifecycle.serving_versions(connection, name)).get("canary")
-    if canary is not None:
-        evaluation = await evaluate_canary(engine, settings, canary, now)
-        await lifecycle.update_jsonb(engine, canary["id"], "evaluation", {
-            k: (json_number(v) if isinstance(v, float) else v) for k, v in evaluation.items()})
-        decision = evaluation["decision"]
-        summary = _interval_text(evaluation)
-        if decision == ev.PROMOTE and not paused:
-            try:
-                result = await _promote(engine, settings, canary, actor=AUTO, client=client,
-                                        from_statuses=("canary",),
-                                        reason=f"canary significantly better: {summary}")
-                report.add(name, canary["name"], "promoted" if result.transition.changed else "unchanged", summary)
-            except (loading.LoadError, TransitionError) as exc:
-                report.errors.append(f"{name}: {exc}")
-        elif decision == ev.REJECT:
-            await _auto(report, name, canary, "rejected", lifecycle.reject(
-                engine, canary["id"], actor=AUTO, from_statuses=("canary",),
-                reason=f"canary significantly worse: {summary}"))
-        elif decision == ev.TIMEOUT:
-            await _auto(report, name, canary, "rejected", lifecycle.reject(
-                engine, canary["id"], actor=AUTO, from_statuses=("canary",),
-                reason=f"no significant difference within {policy.promotion.timeout_s:g}s: {summary}"))
+    async def judge_canary(self) -> None:
+        canaries = await self._versions(CANARY)
+        if not canaries:
+            return
+        canary = canaries[0]
+        evaluation = await evaluate_canary(self.engine, self.settings, canary, self.now)
+        await lifecycle.update_jsonb(self.engine, canary.id, "evaluation", evaluation.document)
+        summary = evaluation.summary
+        if evaluation.decision == ev.PROMOTE and not self.paused:
+            await self._promote(canary, f"canary significantly better: {summary}", summary)
+        elif evaluation.decision == ev.REJECT:
+            await self._reject(canary, CANARY, f"canary significantly worse: {summary}")
+        elif evaluation.decision == ev.TIMEOUT:
+            timeout = self.policy.promotion.timeout_s
+            await self._reject(canary, CANARY, f"no significant difference within {timeout:g}s: {summary}")
         else:
-            report.add(name, canary["name"], "evaluating" if decision == ev.WAIT else "awaiting_review", summary)
+            waiting = "evaluating" if evaluation.decision == ev.WAIT else "awaiting_review"
+            self.report.add(self.policy.name, canary.name, waiting, summary)
 
-    # 3. endpoints hold what serves, and lose what stopped serving a while ago
-    await reconcile(engine, policy, report=report, client=client, now=now)
+    async def _promote(self, canary: AdapterVersion, reason: str, summary: str) -> None:
+        try:
+            result = await _promote(self.engine, self.settings, canary, actor=AUTO, client=self.client,
+                                    from_statuses=(CANARY,), reason=reason)
+        except (loading.LoadError, TransitionError) as exc:
+            self.report.errors.append(f"{self.policy.name}: {exc}")
+            return
+        self.report.add(self.policy.name, canary.name, "promoted" if result.transition.changed else "unchanged",
+                        summary)
 
     # 4. retention
-    for item in await apply_retention(engine, name, keep_last=policy.promotion.keep_last,
-                                      grace_s=policy.promotion.unload_grace_s, now=now):
-        report.add(name, item["name"], "files_" + item["result"].split(":")[0], item["path"])
+    async def apply_retention(self) -> None:
+        promotion = self.policy.promotion
+        for item in await apply_retention(self.engine, self.policy.name, keep_last=promotion.keep_last,
+                                          grace_s=promotion.unload_grace_s, now=self.now):
+            self.report.add(self.policy.name, item.name, "files_" + item.result.split(":")[0], item.path)
+
+    # bookkeeping
+    async def _versions(self, status: VersionStatus) -> list[AdapterVersion]:
+        async with self.engine.connect() as connection:
+            return await lifecycle.versions_of(connection, self.policy.name, (status,))
+
+    async def _reject(self, version: AdapterVersion, from_status: VersionStatus, reason: str) -> None:
+        """An automatic rejection; someone else moving the version first is reported, not raised."""
+        try:
+            result = await lifecycle.reject(self.engine, version.id, actor=AUTO, from_statuses=(from_status,),
+                                            reason=reason)
+        except TransitionError as exc:
+            self.report.add(self.policy.name, version.name, "unchanged", str(exc))
+            return
+        self.report.add(self.policy.name, version.name, "rejected" if result.changed else "unchanged",
+                        result.version.status.value)
 
 
-async def _auto(report: TickReport, policy: str, version: dict[str, Any], action: str, transition: Any) -> None:
-    try:
-        result = await transition
-        report.add(policy, version["name"], action if result.changed else "unchanged",
-                   result.version["status"])
-    except TransitionError as exc:  # someone else moved it first
-        report.add(policy, version["name"], "unchanged", str(exc))
-
+# ---------------------------------------------------------------- 3. the reconciler
 
 async def reconcile(engine: AsyncEngine, policy: PolicySettings, *, report: TickReport | None = None,
                     client: httpx.AsyncClient | None = None, now: datetime | None = None) -> TickReport:
@@ -418,113 +474,106 @@ async def reconcile(engine: AsyncEngine, policy: PolicySettings, *, report: Tick
     now = now or _now()
     api_key = resolve_secret(policy.api_key)
     async with engine.connect() as connection:
-        versions = [dict(row._mapping) for row in await connection.execute(
-            select(adapter_versions).where(adapter_versions.c.policy == policy.name,
-                                           adapter_versions.c.status.in_(("canary", "promoted", "retired",
-                                                                          "rejected"))))]
+        versions = await lifecycle.versions_of(connection, policy.name, (CANARY, PROMOTED, RETIRED, REJECTED))
         last = {row[0]: row[1] for row in await connection.execute(
-            text("SELECT adapter_version_id, max(created_at) FROM adapter_transitions WHERE policy = :p "
-                 "GROUP BY adapter_version_id"), {"p": policy.name})}
+            select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
+            .where(adapter_transitions.c.policy == policy.name).group_by(adapter_transitions.c.adapter_version_id))}
     loaded = await loading.loaded_at(policy.endpoints, api_key=api_key, client=client)
     for endpoint, models in loaded.items():
         if isinstance(models, str):
             report.errors.append(f"{policy.name}: {endpoint} did not list its models: {models}")
             continue
         for version in versions:
-            if version["status"] in lifecycle.SERVING and version["name"] not in models:
+            if version.status.serving and version.name not in models:
                 try:
-                    await loading.ensure_loaded([endpoint], version["name"], version["path"], api_key=api_key,
+                    await loading.ensure_loaded([endpoint], version.name, version.path, api_key=api_key,
                                                 client=client)
-                    report.add(policy.name, version["name"], "reloaded", f"{endpoint} had lost it")
+                    report.add(policy.name, version.name, "reloaded", f"{endpoint} had lost it")
                 except loading.LoadError as exc:
                     report.errors.append(f"{policy.name}: {exc}")
-            elif version["status"] not in lifecycle.SERVING and version["name"] in models:
-                changed_at = last.get(version["id"]) or version["updated_at"]
+            elif not version.status.serving and version.name in models:
+                changed_at = last.get(version.id) or version.updated_at
                 if (now - changed_at).total_seconds() >= policy.promotion.unload_grace_s:
                     await _unload_unless_serving(engine, policy, version, endpoint, api_key, client, report)
     return report
 
 
-async def _unload_unless_serving(engine: AsyncEngine, policy: PolicySettings, version: dict[str, Any], endpoint: str,
+async def _unload_unless_serving(engine: AsyncEngine, policy: PolicySettings, version: AdapterVersion, endpoint: str,
                                  api_key: str | None, client: httpx.AsyncClient | None, report: TickReport) -> None:
     """Unload under the policy lock, after re-reading the status: a rollback that loads the same
     version waits for the lock and then finds it gone (and loads it again) instead of
     committing a promotion of an adapter this unload removes behind its back."""
     async with engine.begin() as connection:
         await lifecycle.lock_policy(connection, policy.name)
-        current = await lifecycle.get_version(connection, version["id"])
-        if current["status"] in lifecycle.SERVING:
+        current = await lifecycle.get_version(connection, version.id)
+        if current.status.serving:
             return
         try:
-            await loading.unload([endpoint], version["name"], api_key=api_key, client=client)
-            report.add(policy.name, version["name"], "unloaded", f"{endpoint} ({current['status']})")
+            await loading.unload([endpoint], version.name, api_key=api_key, client=client)
+            report.add(policy.name, version.name, "unloaded", f"{endpoint} ({current.status})")
         except loading.LoadError as exc:
             report.errors.append(f"{policy.name}: {exc}")
 
 
 # ---------------------------------------------------------------- reads for the admin API
 
-def _brief(version: dict[str, Any] | None) -> dict[str, Any] | None:
-    if version is None:
-        return None
-    return {"id": str(version["id"]), "name": version["name"], "version": version["version"],
-            "status": version["status"], "canary_share": version.get("canary_share")}
+@dataclass(frozen=True)
+class PolicySummary:
+    """A configured policy with what serves it now and what waits."""
+
+    policy: PolicySettings
+    state: PolicyState | None  # None: never paused or resumed
+    promoted: AdapterVersion | None
+    canary: AdapterVersion | None
+    candidates: int
+
+    @property
+    def learning_paused(self) -> bool:
+        return self.state is not None and self.state.learning_paused
+
+    @property
+    def paused_by(self) -> str | None:
+        return self.state.updated_by if self.state is not None and self.state.learning_paused else None
 
 
-async def list_policies(engine: AsyncEngine, settings: Settings) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class VersionDetail:
+    """A version (for a canary: with its evaluation computed now), its training run and transitions."""
+
+    version: AdapterVersion
+    training_run: TrainingRun | None
+    transitions: list[Transition]
+
+
+async def list_policies(engine: AsyncEngine, settings: Settings) -> list[PolicySummary]:
     async with engine.connect() as connection:
-        states = {row.policy: dict(row._mapping) for row in await connection.execute(select(policy_state))}
-        rows = await connection.execute(select(adapter_versions).where(
-            adapter_versions.c.status.in_(("candidate", "canary", "promoted"))))
-        by_policy: dict[str, dict[str, Any]] = {}
-        for row in rows:
-            entry = by_policy.setdefault(row.policy, {"candidates": 0})
-            if row.status == "candidate":
-                entry["candidates"] += 1
-            else:
-                entry[row.status] = dict(row._mapping)
-    result = []
+        states = await lifecycle.policy_states(connection)
+        versions = await lifecycle.versions_of(connection, None, (CANDIDATE, *SERVING))
+    summaries = []
     for policy in settings.policies:
-        entry = by_policy.get(policy.name, {"candidates": 0})
-        state = states.get(policy.name) or {}
-        result.append({
-            "name": policy.name, "base_model": policy.base_model, "endpoints": policy.endpoints,
-            "promotion": policy.promotion.model_dump(mode="json"),
-            "learning_paused": bool(state.get("learning_paused", False)),
-            "paused_by": state.get("updated_by") if state.get("learning_paused") else None,
-            "promoted": _brief(entry.get("promoted")), "canary": _brief(entry.get("canary")),
-            "candidates": entry["candidates"],
-        })
-    return result
+        own = [version for version in versions if version.policy == policy.name]
+        by_status = {version.status: version for version in own if version.status.serving}
+        summaries.append(PolicySummary(policy, states.get(policy.name), by_status.get(PROMOTED),
+                                       by_status.get(CANARY), sum(1 for v in own if v.status == CANDIDATE)))
+    return summaries
 
 
 async def list_versions(engine: AsyncEngine, settings: Settings, policy: str,
-                        status: str | None = None) -> list[dict[str, Any]]:
+                        status: VersionStatus | None = None) -> list[AdapterVersion]:
+    """A configured policy's versions (only those in `status`, when given), newest first."""
     policy_settings(settings, policy)
-    query = select(adapter_versions).where(adapter_versions.c.policy == policy)
-    if status:
-        query = query.where(adapter_versions.c.status == status)
     async with engine.connect() as connection:
-        return [dict(row._mapping) for row in
-                await connection.execute(query.order_by(adapter_versions.c.version.desc()))]
+        versions = await lifecycle.versions_of(connection, policy, (status,) if status else tuple(VersionStatus))
+    return versions[::-1]
 
 
-async def version_detail(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID) -> dict[str, Any]:
+async def version_detail(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID) -> VersionDetail:
     """A version with its training run, gates, canary statistics (live for a canary) and transitions."""
     version = await lifecycle.find_version(engine, ref)
     async with engine.connect() as connection:
-        transitions = await lifecycle.transitions_of(connection, version["id"])
+        transitions = await lifecycle.transitions_of(connection, version.id)
     run = await training_run_of(engine, version)
-    detail = {**version, "training_run": run, "transitions": transitions}
-    if version["status"] == "canary" and settings.policy(version["policy"]) is not None:
+    if version.status == CANARY and settings.policy(version.policy) is not None:
         live = await evaluate_canary(engine, settings, version)
-        detail["evaluation"] = {k: (json_number(v) if isinstance(v, float) else v) for k, v in live.items()}
-    return detail
-
-
-async def transitions_since(engine: AsyncEngine, policy: str, since_id: int = 0) -> list[dict[str, Any]]:
-    async with engine.connect() as connection:
-        rows = await connection.execute(select(adapter_transitions).where(
-            adapter_transitions.c.policy == policy, adapter_transitions.c.id > since_id)
-            .order_by(adapter_transitions.c.id))
-        return [dict(row._mapping) for row in rows]
+        version = dataclasses.replace(version, evaluation=live.document)
+    return VersionDetail(version, run, transitions)

@@ -1,18 +1,33 @@
-"""Wire types of the admin API (/v1/admin/...)."""
+"""Wire types of the admin API (/v1/admin/...), built from promotion's typed rows.
+
+Every answer names its fields here: a column added to a table reaches no answer until it is
+added to a model, and a column renamed or dropped fails when the model is built (an error
+naming the field) instead of silently answering null.
+"""
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from apprentice.promotion.service import ActionResult, PolicySummary, VersionDetail
+from apprentice.promotion.status import VersionStatus
 
-class VersionBrief(BaseModel):
-    id: str
+
+class _FromRow(BaseModel):
+    """A model read from the attributes of a typed row (`apprentice.promotion.rows`)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+
+class VersionBrief(_FromRow):
+    id: uuid.UUID
     name: str = Field(description="The LoRA name the inference endpoints serve it under.")
     version: int
-    status: Literal["candidate", "canary", "promoted", "retired", "rejected"]
+    status: VersionStatus
     canary_share: float | None = None
 
 
@@ -29,32 +44,71 @@ class PolicyOut(BaseModel):
     canary: VersionBrief | None = Field(description="Serves `canary_share` of new trajectories.")
     candidates: int = Field(description="Versions waiting for their gates or a canary slot.")
 
+    @classmethod
+    def of(cls, summary: PolicySummary) -> PolicyOut:
+        policy = summary.policy
+        return cls(name=policy.name, base_model=policy.base_model, endpoints=policy.endpoints,
+                   promotion=policy.promotion.model_dump(mode="json"), learning_paused=summary.learning_paused,
+                   paused_by=summary.paused_by,
+                   promoted=VersionBrief.model_validate(summary.promoted) if summary.promoted else None,
+                   canary=VersionBrief.model_validate(summary.canary) if summary.canary else None,
+                   candidates=summary.candidates)
+
 
 class PolicyListOut(BaseModel):
     object: Literal["list"] = "list"
     data: list[PolicyOut]
 
 
-class TransitionOut(BaseModel):
+class TransitionOut(_FromRow):
     id: int
-    from_status: str | None
-    to_status: str
+    from_status: VersionStatus | None
+    to_status: VersionStatus
     actor: str = Field(description="The admin key's name, or `auto`.")
     reason: str | None
     created_at: datetime
 
 
-class VersionOut(BaseModel):
+class TrainingRunOut(_FromRow):
+    id: uuid.UUID
+    policy: str
+    status: str = Field(description="running, succeeded, failed, aborted or skipped.")
+    trigger: str
+    host: str | None
+    pid: int | None
+    started_at: datetime
+    finished_at: datetime | None
+    from_version_id: uuid.UUID | None
+    produced_version_id: uuid.UUID | None
+    trajectories: int | None
+    groups: int | None
+    groups_equal_rewards: int | None
+    groups_greedy: int | None
+    samples: int | None
+    tokens: int | None
+    loss: float | None
+    mean_reward: float | None
+    mean_advantage: float | None
+    kl: float | None
+    clip_fraction: float | None
+    duration_s: float | None
+    code_version: str | None
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+    error: str | None
+
+
+class VersionOut(_FromRow):
     object: Literal["adapter_version"] = "adapter_version"
-    id: str
+    id: uuid.UUID
     policy: str
     version: int
     name: str
-    status: str
+    status: VersionStatus
     base_model: str
     path: str
-    parent_version_id: str | None
-    training_run_id: str | None
+    parent_version_id: uuid.UUID | None
+    training_run_id: uuid.UUID | None
     rank: int | None
     alpha: float | None
     target_modules: list[str] | None
@@ -72,11 +126,17 @@ class VersionListOut(BaseModel):
 
 
 class VersionDetailOut(VersionOut):
-    training_run: dict[str, Any] | None = Field(description="The `training_runs` row that produced it.")
+    training_run: TrainingRunOut | None = Field(description="The `training_runs` row that produced it.")
     transitions: list[TransitionOut]
 
+    @classmethod
+    def of(cls, detail: VersionDetail) -> VersionDetailOut:
+        return cls(**dict(VersionOut.model_validate(detail.version)),
+                   training_run=TrainingRunOut.model_validate(detail.training_run) if detail.training_run else None,
+                   transitions=[TransitionOut.model_validate(t) for t in detail.transitions])
 
-class EndpointOutcomeOut(BaseModel):
+
+class EndpointOutcomeOut(_FromRow):
     endpoint: str
     action: str = Field(description="present, loaded or reloaded.")
     attempts: int
@@ -97,7 +157,7 @@ class RollbackIn(ActionIn):
     version: int | str | None = Field(default=None, description="Or its number (3 or \"v3\").")
 
     @model_validator(mode="after")
-    def _one(self) -> "RollbackIn":
+    def _one(self) -> RollbackIn:
         if (self.version_id is None) == (self.version is None):
             raise ValueError("give exactly one of version_id and version")
         return self
@@ -106,14 +166,23 @@ class RollbackIn(ActionIn):
 class ActionOut(BaseModel):
     object: Literal["adapter_version.transition"] = "adapter_version.transition"
     changed: bool = Field(description="False when the version already had the asked status (nothing written).")
-    from_status: str
+    from_status: VersionStatus
     version: VersionOut
     retired: list[VersionBrief] = Field(description="Versions retired by this promotion.")
     endpoints: list[EndpointOutcomeOut] = Field(description="Where the adapter was loaded and verified.")
     gates: dict[str, Any] | None = None
 
+    @classmethod
+    def of(cls, result: ActionResult) -> ActionOut:
+        transition = result.transition
+        return cls(changed=transition.changed, from_status=transition.from_status,
+                   version=VersionOut.model_validate(transition.version),
+                   retired=[VersionBrief.model_validate(v) for v in transition.side_effects],
+                   endpoints=[EndpointOutcomeOut.model_validate(e) for e in result.endpoints],
+                   gates=result.gates.as_json() if result.gates is not None else None)
 
-class PolicyStateOut(BaseModel):
+
+class PolicyStateOut(_FromRow):
     object: Literal["policy_state"] = "policy_state"
     policy: str
     learning_paused: bool

@@ -7,44 +7,36 @@ the status; an adapter that an endpoint would not load answers 502 naming the en
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-import orjson
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Request
 
-from gateway.endpoints.admin.protocol import (ActionIn, ActionOut, PolicyListOut, PolicyOut, PolicyStateOut,
-                                              PromoteIn, RollbackIn, VersionDetailOut, VersionListOut)
-from gateway.http.errors import GatewayError
-from gateway.state import GatewayState
 from apprentice.promotion import service
 from apprentice.promotion.lifecycle import TransitionError, VersionNotFound
 from apprentice.promotion.loading import LoadError
+from apprentice.promotion.status import VersionStatus
+from gateway.endpoints.admin.protocol import (
+    ActionIn,
+    ActionOut,
+    PolicyListOut,
+    PolicyOut,
+    PolicyStateOut,
+    PromoteIn,
+    RollbackIn,
+    VersionDetailOut,
+    VersionListOut,
+    VersionOut,
+)
+from gateway.http.errors import GatewayError
+from gateway.state import GatewayState
 
 router = APIRouter(tags=["admin"])
 
-VERSION_FIELDS = ("id", "policy", "version", "name", "status", "base_model", "path", "parent_version_id",
-                  "training_run_id", "rank", "alpha", "target_modules", "canary_share", "gates", "evaluation",
-                  "files_deleted_at", "created_at", "updated_at")
+T = TypeVar("T")
 
 
-def _state(request: Request) -> GatewayState:
-    return request.app.state.gateway
-
-
-def _json(content: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS), status_code=status,
-                    media_type="application/json")
-
-
-def _version(row: dict[str, Any]) -> dict[str, Any]:
-    return {"object": "adapter_version", **{k: row.get(k) for k in VERSION_FIELDS}}
-
-
-def _brief(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row.get(k) for k in ("id", "name", "version", "status", "canary_share")}
-
-
-async def _guard(call: Callable[[], Awaitable[Any]]) -> Any:
+async def _guard(call: Callable[[], Awaitable[T]]) -> T:
     """Run a promotion call, turning its errors into OpenAI-format gateway errors."""
     try:
         return await call()
@@ -58,19 +50,8 @@ async def _guard(call: Callable[[], Awaitable[Any]]) -> Any:
         raise GatewayError(502, str(exc), code="adapter_load_failed") from None
 
 
-def _action(result: service.ActionResult) -> Response:
-    transition = result.transition
-    return _json({
-        "object": "adapter_version.transition", "changed": transition.changed,
-        "from_status": transition.from_status, "version": _version(transition.version),
-        "retired": [_brief(v) for v in transition.side_effects],
-        "endpoints": [{"endpoint": e.endpoint, "action": e.action, "attempts": e.attempts} for e in result.endpoints],
-        "gates": result.gates.as_json() if result.gates is not None else None,
-    })
-
-
 async def _admin(request: Request) -> tuple[GatewayState, str]:
-    state = _state(request)
+    state: GatewayState = request.app.state.gateway
     key = await state.authenticate(request.scope, admin=True)
     return state, key.name
 
@@ -78,28 +59,28 @@ async def _admin(request: Request) -> tuple[GatewayState, str]:
 @router.get("/v1/admin/policies", response_model=PolicyListOut, summary="Policies with their serving versions",
             description="Every configured policy: its promoted and canary versions, waiting candidates, "
                         "promotion settings and whether learning is paused.")
-async def list_policies(request: Request) -> Response:
+async def list_policies(request: Request) -> PolicyListOut:
     state, _ = await _admin(request)
-    return _json({"object": "list", "data": await service.list_policies(state.engine, state.settings)})
+    summaries = await service.list_policies(state.engine, state.settings)
+    return PolicyListOut(data=[PolicyOut.of(summary) for summary in summaries])
 
 
 @router.get("/v1/admin/policies/{policy}", response_model=PolicyOut, summary="One policy")
-async def get_policy(request: Request, policy: str) -> Response:
+async def get_policy(request: Request, policy: str) -> PolicyOut:
     state, _ = await _admin(request)
-    for entry in await service.list_policies(state.engine, state.settings):
-        if entry["name"] == policy:
-            return _json({"object": "policy", **entry})
+    for summary in await service.list_policies(state.engine, state.settings):
+        if summary.policy.name == policy:
+            return PolicyOut.of(summary)
     raise GatewayError(404, f"policy {policy!r} is not configured", param="policy", code="policy_not_found")
 
 
 @router.get("/v1/admin/policies/{policy}/versions", response_model=VersionListOut,
             summary="A policy's adapter versions, newest first")
 async def list_versions(request: Request, policy: str,
-                        status: str | None = Query(None, pattern="^(candidate|canary|promoted|retired|rejected)$")
-                        ) -> Response:
+                        status: VersionStatus | None = Query(None)) -> VersionListOut:
     state, _ = await _admin(request)
-    rows = await _guard(lambda: service.list_versions(state.engine, state.settings, policy, status))
-    return _json({"object": "list", "data": [_version(row) for row in rows]})
+    versions = await _guard(lambda: service.list_versions(state.engine, state.settings, policy, status))
+    return VersionListOut(data=[VersionOut.model_validate(version) for version in versions])
 
 
 @router.get("/v1/admin/versions/{version}", response_model=VersionDetailOut,
@@ -107,69 +88,64 @@ async def list_versions(request: Request, policy: str,
             description="`version` is the id or the LoRA name. For a canary, `evaluation` is computed now: "
                         "both arms' reward statistics, the interval on the difference, the verdict and what an "
                         "automatic policy would do.")
-async def get_version(request: Request, version: str) -> Response:
+async def get_version(request: Request, version: str) -> VersionDetailOut:
     state, _ = await _admin(request)
-    detail = await _guard(lambda: service.version_detail(state.engine, state.settings, version))
-    body = _version(detail)
-    body["training_run"] = detail["training_run"]
-    body["transitions"] = [{k: t[k] for k in ("id", "from_status", "to_status", "actor", "reason", "created_at")}
-                           for t in detail["transitions"]]
-    return _json(body)
+    return VersionDetailOut.of(await _guard(lambda: service.version_detail(state.engine, state.settings, version)))
 
 
 @router.post("/v1/admin/versions/{version}/approve", response_model=ActionOut, summary="Approve a version",
              description="A candidate becomes the canary (its gates must pass); a canary is promoted. The adapter "
                          "is loaded and verified at every endpoint of the policy before the status changes.")
-async def approve(request: Request, version: str, body: ActionIn | None = None) -> Response:
+async def approve(request: Request, version: str, body: ActionIn | None = None) -> ActionOut:
     state, actor = await _admin(request)
     reason = body.reason if body else None
-    return _action(await _guard(lambda: service.approve(state.engine, state.settings, version, actor=actor,
-                                                        reason=reason)))
+    return ActionOut.of(await _guard(lambda: service.approve(state.engine, state.settings, version, actor=actor,
+                                                             reason=reason)))
 
 
 @router.post("/v1/admin/versions/{version}/reject", response_model=ActionOut, summary="Reject a version",
              description="A candidate or a canary is rejected; a canary stops receiving new trajectories within "
                          "a poll interval (running trajectories finish on it).")
-async def reject(request: Request, version: str, body: ActionIn | None = None) -> Response:
+async def reject(request: Request, version: str, body: ActionIn | None = None) -> ActionOut:
     state, actor = await _admin(request)
     reason = body.reason if body else None
-    return _action(await _guard(lambda: service.reject(state.engine, state.settings, version, actor=actor,
-                                                       reason=reason)))
+    return ActionOut.of(await _guard(lambda: service.reject(state.engine, state.settings, version, actor=actor,
+                                                            reason=reason)))
 
 
 @router.post("/v1/admin/versions/{version}/promote", response_model=ActionOut, summary="Promote now",
              description="Promote a candidate, canary or retired version at once; the promoted one is retired. "
                          "A candidate must pass its gates unless `force` is true.")
-async def promote(request: Request, version: str, body: PromoteIn | None = None) -> Response:
+async def promote(request: Request, version: str, body: PromoteIn | None = None) -> ActionOut:
     state, actor = await _admin(request)
     reason, force = (body.reason, body.force) if body else (None, False)
-    return _action(await _guard(lambda: service.promote_now(state.engine, state.settings, version, actor=actor,
-                                                            reason=reason, force=force)))
+    return ActionOut.of(await _guard(lambda: service.promote_now(state.engine, state.settings, version, actor=actor,
+                                                                 reason=reason, force=force)))
 
 
 @router.post("/v1/admin/policies/{policy}/rollback", response_model=ActionOut, summary="Roll back to a version",
              description="Promote a retired version of the policy again (loaded first; refused if its files "
                          "were deleted). The promoted version is retired and stays loaded for the grace period.")
-async def rollback(request: Request, policy: str, body: RollbackIn) -> Response:
+async def rollback(request: Request, policy: str, body: RollbackIn) -> ActionOut:
     state, actor = await _admin(request)
     ref = body.version_id if body.version_id is not None else str(body.version)
-    return _action(await _guard(lambda: service.rollback(state.engine, state.settings, policy, ref, actor=actor,
-                                                         reason=body.reason)))
+    return ActionOut.of(await _guard(lambda: service.rollback(state.engine, state.settings, policy, ref, actor=actor,
+                                                              reason=body.reason)))
 
 
-async def _pause(request: Request, policy: str, paused: bool) -> Response:
+async def _pause(request: Request, policy: str, paused: bool) -> PolicyStateOut:
     state, actor = await _admin(request)
     row = await _guard(lambda: service.set_paused(state.engine, state.settings, policy, paused, actor=actor))
-    return _json({"object": "policy_state", **row})
+    return PolicyStateOut.model_validate(row)
 
 
 @router.post("/v1/admin/policies/{policy}/pause", response_model=PolicyStateOut, summary="Pause learning",
              description="No training runs, automatic canary starts or promotions for the policy until resumed; "
                          "a significantly worse canary is still rejected. Serving is unchanged.")
-async def pause(request: Request, policy: str) -> Response:
+async def pause(request: Request, policy: str) -> PolicyStateOut:
     return await _pause(request, policy, True)
 
 
 @router.post("/v1/admin/policies/{policy}/resume", response_model=PolicyStateOut, summary="Resume learning")
-async def resume(request: Request, policy: str) -> Response:
+async def resume(request: Request, policy: str) -> PolicyStateOut:
     return await _pause(request, policy, False)
