@@ -8,8 +8,9 @@ Safety, in the order things happen:
   the attempt even if the process dies. Holding the lock proves that any older "running" row
   of the policy belongs to a dead run; those are marked failed ("interrupted").
 - Adapter files are written atomically under a temporary name (adapters.save_adapter).
-- Then ONE transaction inserts the `adapter_versions` row (status candidate), its
-  `adapter_transitions` row (NULL -> candidate, actor "auto"), marks the trajectories it used
+- Then ONE transaction records the candidate through the lifecycle (`lifecycle.record_candidate`:
+  the `adapter_versions` row, status candidate, and its `adapter_transitions` row, NULL ->
+  candidate, actor "auto"), marks the trajectories it used
   (and the groups it set aside for carrying no signal) with `trained_in_run_id`, and finishes
   the run row. Killed before that commit, nothing is marked and the next run retries the same
   data; the next run also deletes adapter directories that no version row refers to.
@@ -30,16 +31,20 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from apprentice.promotion import lifecycle
+from apprentice.promotion.status import VersionStatus
 from apprentice.settings import PolicySettings, Settings
 from learner.grpo.advantages import group_advantages
 from learner.grpo.grouping import Grouping, make_groups
-from learner.jobs.selection import Selection, select
+from learner.jobs.selection import Selection, Version, select
+
+if TYPE_CHECKING:  # imported by the functions that train: they pull in torch
+    from learner.grpo.trainer import TrainResult, TrainSample
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +98,8 @@ def adapters_dir(settings: Settings, policy: PolicySettings) -> Path:
     return Path(policy.learning.adapters_dir or Path(settings.data_dir) / "adapters" / policy.name).resolve()
 
 
-def _database_url(settings: Settings, database_url: str | None) -> str:
+def learner_database_url(settings: Settings, database_url: str | None = None) -> str:
+    """The libpq URL a learner connects with: the one given, the configured one, or the embedded server's."""
     from apprentice.store.engine import ensure_database_url, libpq_url
 
     # ensure_database_url exports the URL to the environment (for gateway workers); a learner
@@ -104,7 +110,8 @@ def _database_url(settings: Settings, database_url: str | None) -> str:
 
 # ------------------------------------------------------------------ run bookkeeping
 
-def _start_run(connection: psycopg.Connection, policy: PolicySettings, trigger: str, config: dict[str, Any]) -> str:
+def _start_run(connection: psycopg.Connection[Any], policy: PolicySettings, trigger: str,
+               config: dict[str, Any]) -> str:
     run_id = str(uuid.uuid4())
     with connection.transaction():
         connection.execute(
@@ -118,7 +125,7 @@ def _start_run(connection: psycopg.Connection, policy: PolicySettings, trigger: 
     return run_id
 
 
-def _finish_run(connection: psycopg.Connection, run_id: str, status: str, *, error: str | None = None,
+def _finish_run(connection: psycopg.Connection[Any], run_id: str, status: str, *, error: str | None = None,
                 columns: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None) -> None:
     columns = dict(columns or {})
     assignments = ", ".join(f"{name} = %({name})s" for name in columns)
@@ -133,7 +140,7 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def _mark(connection: psycopg.Connection, run_id: str, trajectory_ids: list[str]) -> int:
+def _mark(connection: psycopg.Connection[Any], run_id: str, trajectory_ids: list[str]) -> int:
     if not trajectory_ids:
         return 0
     cursor = connection.execute(
@@ -142,7 +149,7 @@ def _mark(connection: psycopg.Connection, run_id: str, trajectory_ids: list[str]
     return cursor.rowcount
 
 
-def _remove_orphan_adapters(connection: psycopg.Connection, directory: Path, policy: str) -> None:
+def _remove_orphan_adapters(connection: psycopg.Connection[Any], directory: Path, policy: str) -> None:
     """This policy's adapter directories that no version row refers to: left by killed runs.
 
     Only names this policy's runs write (`<policy>-v<n>` and their temporary siblings) are
@@ -168,14 +175,15 @@ def _grouping_metrics(grouping: Grouping, selection: Selection) -> dict[str, Any
             "candidates": len(selection.candidates), "waiting_unrewarded": len(selection.waiting)}
 
 
-def _samples(grouping: Grouping, selection: Selection, tokenizer: Any, advantage: str, min_group_size: int,
-             skipped: dict[str, int]) -> tuple[list[Any], list[str]]:
-    """Tokenized samples with advantages for the usable groups; also the trajectory ids used."""
+def _samples(grouping: Grouping, selection: Selection, tokenizer: Any, advantage: str,
+             min_group_size: int) -> tuple[list[TrainSample], dict[str, int]]:
+    """Tokenized samples with advantages for the usable groups, and how many trajectories would not
+    tokenize (by error)."""
     from learner.grpo.tokens import TokenizationError, trajectory_segments
     from learner.grpo.trainer import TrainSample
 
     samples: list[TrainSample] = []
-    used: list[str] = []
+    skipped: dict[str, int] = {}
     for group in grouping.usable:
         members = []
         for member in group.members:
@@ -189,10 +197,11 @@ def _samples(grouping: Grouping, selection: Selection, tokenizer: Any, advantage
         rewards = [m.reward for m, _ in members]
         if len(members) < min_group_size or max(rewards) == min(rewards):  # type: ignore[type-var]
             continue  # what is left after tokenization carries no signal; retried next run
-        for (member, segments), adv in zip(members, group_advantages(rewards, advantage)):  # type: ignore[arg-type]
-            samples.append(TrainSample(member.trajectory_id, float(member.reward), adv, segments))  # type: ignore[arg-type]
-            used.append(member.trajectory_id)
-    return samples, used
+        advantages = group_advantages(rewards, advantage)  # type: ignore[arg-type]
+        for (member, segments), adv in zip(members, advantages, strict=True):
+            samples.append(TrainSample(member.trajectory_id, float(member.reward), adv,  # type: ignore[arg-type]
+                                       segments))
+    return samples, skipped
 
 
 def run_once(settings: Settings, policy_name: str, *, trigger: str = "manual", progress: bool = False,
@@ -204,10 +213,11 @@ def run_once(settings: Settings, policy_name: str, *, trigger: str = "manual", p
     learning = policy.learning
     if not learning.enabled:
         return RunOutcome("disabled", policy.name)
-    url = _database_url(settings, database_url)
+    url = learner_database_url(settings, database_url)
     with psycopg.connect(url, autocommit=True) as connection:
-        locked = connection.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(policy.name))).fetchone()[0]
-        if not locked:
+        locked = connection.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                                    (LOCK_CLASS, lock_key(policy.name))).fetchone()
+        if locked is None or not locked[0]:
             return RunOutcome("busy", policy.name, error="another learner holds this policy's lock")
         try:
             paused = connection.execute("SELECT learning_paused FROM policy_state WHERE policy = %s",
@@ -219,7 +229,38 @@ def run_once(settings: Settings, policy_name: str, *, trigger: str = "manual", p
             connection.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(policy.name)))
 
 
-def _locked_run(connection: psycopg.Connection, settings: Settings, policy: PolicySettings, trigger: str,
+@dataclass
+class RunContext:
+    """What a locked run has gathered by the time it trains: its records, its data, where it writes."""
+
+    connection: psycopg.Connection[Any]
+    policy: PolicySettings
+    run_id: str
+    selection: Selection
+    grouping: Grouping
+    directory: Path  # the policy's adapters directory
+    progress: bool
+    started: float  # time.monotonic() when the run began
+    metrics: dict[str, Any]  # training_runs.metrics, filled as the run goes
+
+    @property
+    def set_aside(self) -> list[str]:
+        """Trajectories of groups that carry no signal: consumed by a run that trains (or skips)."""
+        return [m.trajectory_id for g in self.grouping.set_aside() for m in g.members]
+
+    @property
+    def group_counts(self) -> dict[str, int]:
+        return {"groups_equal_rewards": len(self.grouping.equal_rewards), "groups_greedy": len(self.grouping.greedy)}
+
+    def skip(self, reason: str, columns: dict[str, Any]) -> RunOutcome:
+        """Finish the run as skipped; the set-aside groups are consumed, nothing else is marked."""
+        with self.connection.transaction():
+            _mark(self.connection, self.run_id, self.set_aside)
+            _finish_run(self.connection, self.run_id, "skipped", error=reason, columns=columns, metrics=self.metrics)
+        return RunOutcome("skipped", self.policy.name, self.run_id, metrics=self.metrics, error=reason)
+
+
+def _locked_run(connection: psycopg.Connection[Any], settings: Settings, policy: PolicySettings, trigger: str,
                 progress: bool) -> RunOutcome:
     learning = policy.learning
     started = time.monotonic()
@@ -232,19 +273,13 @@ def _locked_run(connection: psycopg.Connection, settings: Settings, policy: Poli
         selection = select(connection, policy.name, policy.base_model, learning)
         grouping = make_groups(selection.members, learning.min_group_size, selection.now, learning.reward_wait_s)
         metrics.update(_grouping_metrics(grouping, selection))
-        set_aside = [m.trajectory_id for g in grouping.set_aside() for m in g.members]
-        counts = {"groups_equal_rewards": len(grouping.equal_rewards), "groups_greedy": len(grouping.greedy)}
+        run = RunContext(connection, policy, run_id, selection, grouping, directory, progress, started, metrics)
         if grouping.greedy:
             log.warning("policy %s: %d groups were sampled greedily (temperature 0 or identical answers) and "
                         "taught nothing; set the policy's temperature", policy.name, len(grouping.greedy))
         if not grouping.usable:
-            with connection.transaction():
-                _mark(connection, run_id, set_aside)
-                _finish_run(connection, run_id, "skipped", error="no group with a learning signal",
-                            columns={**counts, "groups": 0, "trajectories": 0}, metrics=metrics)
-            return RunOutcome("skipped", policy.name, run_id, metrics=metrics, error="no group with a learning signal")
-        return _train_and_record(connection, settings, policy, run_id, selection, grouping, set_aside, counts,
-                                 metrics, directory, progress, started)
+            return run.skip("no group with a learning signal", {**run.group_counts, "groups": 0, "trajectories": 0})
+        return _train_and_record(run)
     except BaseException as exc:
         from learner.grpo.trainer import NonFiniteLoss
 
@@ -268,81 +303,101 @@ def _load_model(policy: PolicySettings) -> tuple[Any, Any]:
     return load_base_model(policy.base_model, device=device, dtype=dtype)
 
 
-def _train_and_record(connection: psycopg.Connection, settings: Settings, policy: PolicySettings, run_id: str,
-                      selection: Selection, grouping: Grouping, set_aside: list[str], counts: dict[str, int],
-                      metrics: dict[str, Any], directory: Path, progress: bool, started: float) -> RunOutcome:
+def _train_and_record(run: RunContext) -> RunOutcome:
+    """Train a LoRA on the usable groups (continuing the promoted version's), then record a candidate."""
     import torch
 
-    from learner.grpo.adapters import continue_lora, new_lora, save_adapter
+    learning = run.policy.learning
+    torch.manual_seed(learning.seed)
+    model, tokenizer = _load_model(run.policy)
+    samples, skipped = _samples(run.grouping, run.selection, tokenizer, learning.advantage, learning.min_group_size)
+    run.metrics["tokenization_skipped"] = skipped
+    promoted = _promoted_version(run.selection)
+    peft_model = _lora_to_train(model, run.policy, promoted)
+    run.metrics.update({"device": str(next(peft_model.parameters()).device),
+                        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+                        "from_version": promoted.name if promoted else None})
+    result = _train(run, peft_model, samples, promoted, pad_token_id=tokenizer.pad_token_id or 0)
+    trained_ids = [sample.trajectory_id for sample in samples] if result.optimizer_steps else []
+    columns = _result_columns(run, samples, trained_ids, result, promoted)
+    if result.optimizer_steps == 0:
+        return run.skip("no trainable sample", columns)
+    return _save_and_record(run, peft_model, trained_ids, columns, promoted)
+
+
+def _promoted_version(selection: Selection) -> Version | None:
+    """The promoted version whose files still exist: training continues from its weights."""
+    return next((v for v in selection.versions.values()
+                 if v.status == VersionStatus.PROMOTED and not v.files_deleted), None)
+
+
+def _lora_to_train(model: Any, policy: PolicySettings, promoted: Version | None) -> Any:
+    from learner.grpo.adapters import continue_lora, new_lora
+
+    if promoted is not None:
+        return continue_lora(model, promoted.path)
+    learning = policy.learning
+    return new_lora(model, learning.lora_rank, learning.lora_alpha, learning.lora_target_modules,
+                    learning.lora_dropout)
+
+
+def _train(run: RunContext, peft_model: Any, samples: list[TrainSample], promoted: Version | None, *,
+           pad_token_id: int) -> TrainResult:
     from learner.grpo.trainer import GRPOTrainer, TrainerConfig
 
-    learning = policy.learning
-    torch.manual_seed(learning.seed)
-    model, tokenizer = _load_model(policy)
-    skipped: dict[str, int] = {}
-    samples, _ = _samples(grouping, selection, tokenizer, learning.advantage, learning.min_group_size, skipped)
-    metrics["tokenization_skipped"] = skipped
-    promoted = next((v for v in selection.versions.values() if v.status == "promoted" and not v.files_deleted), None)
-    if promoted is not None:
-        peft_model = continue_lora(model, promoted.path)
-    else:
-        peft_model = new_lora(model, learning.lora_rank, learning.lora_alpha, learning.lora_target_modules,
-                              learning.lora_dropout)
-    device = str(next(peft_model.parameters()).device)
-    metrics.update({"device": device, "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-                    "from_version": promoted.name if promoted else None})
-    trainer = GRPOTrainer(peft_model, TrainerConfig.from_settings(learning),
-                          start_version=promoted.id if promoted else None, version_paths=selection.version_paths(),
-                          fresh=promoted is None, pad_token_id=tokenizer.pad_token_id or 0, progress=progress)
+    trainer = GRPOTrainer(peft_model, TrainerConfig.from_settings(run.policy.learning),
+                          start_version=promoted.id if promoted else None,
+                          version_paths=run.selection.version_paths(), fresh=promoted is None,
+                          pad_token_id=pad_token_id, progress=run.progress)
     result = trainer.train(samples)
-    metrics["train"] = result.as_metrics()
+    run.metrics["train"] = result.as_metrics()
     # read by the promotion gates (apprentice.promotion.gates.kl_of): drift from the incumbent
-    metrics["kl_to_incumbent"] = result.kl_to_start
-    trained_ids = [samples[i].trajectory_id for i in range(len(samples))] if result.optimizer_steps else []
-    rewards = [s.reward for s in samples]
-    columns = {**counts, "groups": len(grouping.usable), "trajectories": len(trained_ids), "samples": result.samples,
-               "tokens": result.loss_tokens, "loss": result.loss, "kl": result.kl,
-               "clip_fraction": result.clip_fraction,
-               "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-               # the signed mean of group-relative advantages is 0 by construction; the mean size says more
-               "mean_advantage": sum(abs(s.advantage) for s in samples) / len(samples) if samples else None,
-               "from_version_id": promoted.id if promoted else None}
-    if result.optimizer_steps == 0:
-        with connection.transaction():
-            _mark(connection, run_id, set_aside)
-            _finish_run(connection, run_id, "skipped", error="no trainable sample", columns=columns, metrics=metrics)
-        return RunOutcome("skipped", policy.name, run_id, error="no trainable sample", metrics=metrics)
+    run.metrics["kl_to_incumbent"] = result.kl_to_start
+    return result
 
-    with connection.cursor(row_factory=dict_row) as cursor:
-        number = cursor.execute("SELECT coalesce(max(version), 0) + 1 AS n FROM adapter_versions WHERE policy = %s",
-                                (policy.name,)).fetchone()["n"]
+
+def _result_columns(run: RunContext, samples: list[TrainSample], trained_ids: list[str], result: TrainResult,
+                    promoted: Version | None) -> dict[str, Any]:
+    """The training_runs columns a run that trained fills in (besides status, metrics and timing)."""
+    rewards = [s.reward for s in samples]
+    return {**run.group_counts, "groups": len(run.grouping.usable), "trajectories": len(trained_ids),
+            "samples": result.samples, "tokens": result.loss_tokens, "loss": result.loss, "kl": result.kl,
+            "clip_fraction": result.clip_fraction,
+            "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+            # the signed mean of group-relative advantages is 0 by construction; the mean size says more
+            "mean_advantage": sum(abs(s.advantage) for s in samples) / len(samples) if samples else None,
+            "from_version_id": promoted.id if promoted else None}
+
+
+def _save_and_record(run: RunContext, peft_model: Any, trained_ids: list[str], columns: dict[str, Any],
+                     promoted: Version | None) -> RunOutcome:
+    """Save the adapter under the next version's name, then commit the candidate with the run's end."""
+    from learner.grpo.adapters import save_adapter
+
+    policy = run.policy
+    number = lifecycle.next_version_number(run.connection, policy.name)
     name = f"{policy.name}-v{number}"
-    out_dir = directory / name
+    out_dir = run.directory / name
     if out_dir.exists():  # an orphan of a killed run (version rows always get a fresh number)
         shutil.rmtree(out_dir)
     save_adapter(peft_model, out_dir, policy.base_model)
     config = json.loads((out_dir / "adapter_config.json").read_text())
-    version_id = str(uuid.uuid4())
-    metrics["duration_s"] = time.monotonic() - started
+    candidate = lifecycle.NewCandidate(
+        id=uuid.uuid4(), policy=policy.name, version=number, name=name, base_model=policy.base_model,
+        path=str(out_dir), parent_version_id=uuid.UUID(promoted.id) if promoted else None,
+        training_run_id=uuid.UUID(run.run_id), rank=int(config["r"]), alpha=float(config["lora_alpha"]),
+        target_modules=list(config.get("target_modules") or []))
+    run.metrics["duration_s"] = time.monotonic() - run.started
     try:
-        with connection.transaction():
-            connection.execute(
-                "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, parent_version_id, "
-                "training_run_id, rank, alpha, target_modules) "
-                "VALUES (%s, %s, %s, %s, 'candidate', %s, %s, %s, %s, %s, %s, %s)",
-                (version_id, policy.name, number, name, policy.base_model, str(out_dir),
-                 promoted.id if promoted else None, run_id, int(config["r"]), float(config["lora_alpha"]),
-                 Jsonb(sorted(config.get("target_modules") or []))))
-            connection.execute(
-                "INSERT INTO adapter_transitions (adapter_version_id, policy, from_status, to_status, actor, reason) "
-                "VALUES (%s, %s, NULL, 'candidate', 'auto', %s)",
-                (version_id, policy.name, f"trained by learner run {run_id}"))
-            _mark(connection, run_id, trained_ids + set_aside)
-            _finish_run(connection, run_id, "succeeded", columns={**columns, "produced_version_id": version_id},
-                        metrics=metrics)
+        with run.connection.transaction():
+            lifecycle.record_candidate(run.connection, candidate)
+            _mark(run.connection, run.run_id, trained_ids + run.set_aside)
+            _finish_run(run.connection, run.run_id, "succeeded",
+                        columns={**columns, "produced_version_id": str(candidate.id)}, metrics=run.metrics)
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
         raise
     log.info("policy %s: run %s produced candidate %s (%d trajectories, %d groups, loss %.4f, %.1fs)", policy.name,
-             run_id, name, len(trained_ids), len(grouping.usable), result.loss, metrics["duration_s"])
-    return RunOutcome("succeeded", policy.name, run_id, version_id, name, str(out_dir), metrics=metrics)
+             run.run_id, name, len(trained_ids), len(run.grouping.usable), columns["loss"], run.metrics["duration_s"])
+    return RunOutcome("succeeded", policy.name, run.run_id, str(candidate.id), name, str(out_dir),
+                      metrics=run.metrics)

@@ -18,16 +18,15 @@ a candidate.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 import logging
 import threading
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
 
 from apprentice.settings import PolicySettings, Settings
-from learner.jobs.run import RunOutcome, _database_url, run_once
+from learner.jobs.run import RunOutcome, learner_database_url, run_once
 from learner.jobs.selection import count_new_groups
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ class Learner:
                 raise ValueError(f"no policy named {name!r} in the configuration")
             if policy.learning.enabled:
                 self.policies.append(policy)
-        self.url = _database_url(settings, database_url)
+        self.url = learner_database_url(settings, database_url)
         self._run_lock = threading.Lock()  # one training at a time on this machine
         self.outcomes: list[RunOutcome] = []
         self.scheduler: Any = None
