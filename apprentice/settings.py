@@ -162,7 +162,7 @@ class LearningSettings(BaseModel):
 
     enabled: bool = True
     # When the scheduled learner runs: seconds between runs (a number) or a cron string
-    # ("0 */6 * * *"). None: only the trigger below (or `apprentice learn --once`) runs it.
+    # ("0 */6 * * *"). None: only the trigger below (or `apprentice learn --policy P`) runs it.
     schedule: float | str | None = None
     # Also run as soon as at least this many new rewarded groups are waiting (checked every
     # trigger_poll_s). None: no such trigger.

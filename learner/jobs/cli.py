@@ -1,4 +1,4 @@
-"""`apprentice learner` (scheduled) and `apprentice learn --policy P --once` (one run).
+"""`apprentice learner` (scheduled) and `apprentice learn --policy P` (one run, now).
 
 Imported whenever the CLI lists its commands: torch, transformers and APScheduler are imported
 inside the command bodies only.
@@ -16,10 +16,9 @@ from apprentice.commands.common import config_option, load, setup_logging
 @click.command("learn")
 @config_option
 @click.option("--policy", "policy", required=True, help="The policy to train.")
-@click.option("--once", is_flag=True, required=True, help="Run once now and exit (the only mode for now).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @click.option("--log-level", default="info", show_default=True)
-def learn_command(config_path: str | None, policy: str, once: bool, progress: bool, log_level: str) -> None:
+def learn_command(config_path: str | None, policy: str, progress: bool, log_level: str) -> None:
     """Run the learner for one policy once: GRPO on its rewarded trajectories -> a candidate adapter."""
     from learner.jobs.run import run_once
 

@@ -189,7 +189,7 @@ def test_the_scheduler_trigger_runs_once_enough_new_groups_wait(database_url, db
     assert db.execute("SELECT trigger FROM training_runs").fetchone()[0].startswith("min_new_groups:")
 
 
-def test_apprentice_learn_once(database_url, db, base, tmp_path):
+def test_apprentice_learn_runs_once(database_url, db, base, tmp_path):
     import yaml
     from click.testing import CliRunner
 
@@ -199,7 +199,7 @@ def test_apprentice_learn_once(database_url, db, base, tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(json.loads(settings_for(database_url, tmp_path, base).model_dump_json(
         include={"database_url", "data_dir", "policies"}))))
-    result = CliRunner().invoke(learn_command, ["--config", str(config), "--policy", "p", "--once", "--no-progress"])
+    result = CliRunner().invoke(learn_command, ["--config", str(config), "--policy", "p", "--no-progress"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output[result.output.index("{"):])
     assert summary["status"] == "succeeded" and summary["version"] == "p-v1" and summary["groups"]["usable"] == 1

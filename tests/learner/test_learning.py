@@ -4,7 +4,7 @@ Real processes throughout: `apprentice serve-model` (the real SmolLM2) is the po
 behind a real gateway; the official openai client sends the calls (a fixed seed each, so the run
 is reproducible); rewards arrive through the signed webhook a few seconds late, shuffled, and one
 group's rewards only after the learner has run (stale data for the next round, sampled by an
-older adapter); the learner runs in-process (`run_once`, as `apprentice learn --once` does);
+older adapter); the learner runs in-process (`run_once`, as `apprentice learn` does);
 each candidate is promoted through the admin API, which loads it into the server, and the
 gateway then routes the policy's calls to it (on-policy rounds).
 
