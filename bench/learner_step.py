@@ -85,6 +85,7 @@ def bare_loop(model: Any, batch: dict[str, torch.Tensor]) -> Callable[[], None]:
 
 
 def apprentice_step(model: Any, batch: dict[str, torch.Tensor], micro: int) -> tuple[Callable[[], None], float]:
+    from apprentice.settings import LearningSettings
     from learner.grpo.tokens import Segment
     from learner.grpo.trainer import GRPOTrainer, TrainerConfig, TrainSample
 
@@ -92,8 +93,9 @@ def apprentice_step(model: Any, batch: dict[str, torch.Tensor], micro: int) -> t
     samples = [TrainSample(str(i), 0.0, float(advantages[i]),
                            [Segment(ids[i].tolist(), [False] * prompt + [True] * (ids.shape[1] - prompt), None, 1.0,
                                     None)]) for i in range(ids.shape[0])]
-    config = TrainerConfig(lr=LR, micro_batch_size=micro, grad_accumulation=ids.shape[0] // micro,
-                           eps_low=EPS_LOW, eps_high=EPS_HIGH)
+    config = TrainerConfig.from_settings(LearningSettings(lr=LR, micro_batch_size=micro,
+                                                          grad_accumulation=ids.shape[0] // micro,
+                                                          eps_low=EPS_LOW, eps_high=EPS_HIGH))
     trainer = GRPOTrainer(model, config, fresh=True)
     started = time.perf_counter()
     rows = trainer.prepare(samples, {})  # the once-per-run scoring pass (old logprobs)

@@ -29,13 +29,15 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 import torch
 
+from apprentice.settings import LearningSettings
 from learner.grpo.adapters import TRAINABLE_ADAPTER, using_version
-from learner.grpo.loss import aggregation_weights, grpo_loss, k3_kl, token_logprobs
+from learner.grpo.loss import Aggregation, LossOutput, aggregation_weights, grpo_loss, k3_kl, token_logprobs
 from learner.grpo.tokens import Segment
 
 
@@ -43,28 +45,30 @@ class NonFiniteLoss(RuntimeError):
     """The loss or the gradient became NaN or infinite: the run is aborted."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainerConfig:
-    lr: float = 2e-5
-    weight_decay: float = 0.0
-    epochs: int = 1
-    max_steps: int | None = None
-    micro_batch_size: int = 4
-    grad_accumulation: int = 8
-    max_grad_norm: float = 1.0
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    tis_cap: float = 2.0
-    kl_beta: float = 0.0
-    aggregation: str = "token"
-    max_seq_len: int = 4096
-    seed: int = 0
-    old_logprobs: str = "recorded"  # or "recompute": score every row under the starting policy
+    """The knobs the trainer reads. Their defaults and meanings live in one place, LearningSettings:
+    a config is always made from settings, so a default changed there is the trainer's default too."""
+
+    lr: float
+    weight_decay: float
+    epochs: int
+    max_steps: int | None
+    micro_batch_size: int
+    grad_accumulation: int
+    max_grad_norm: float
+    eps_low: float
+    eps_high: float
+    tis_cap: float
+    kl_beta: float
+    aggregation: Aggregation
+    max_seq_len: int
+    seed: int
+    old_logprobs: Literal["recorded", "recompute"]
 
     @classmethod
-    def from_settings(cls, learning: Any) -> "TrainerConfig":
-        """From apprentice.settings.LearningSettings (or anything with the same attributes)."""
-        return cls(**{name: getattr(learning, name) for name in cls.__dataclass_fields__})
+    def from_settings(cls, learning: LearningSettings) -> TrainerConfig:
+        return cls(**{knob.name: getattr(learning, knob.name) for knob in fields(cls)})
 
 
 @dataclass
@@ -105,6 +109,7 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
     def as_metrics(self) -> dict[str, Any]:
+        """Every field, for the run's metrics JSON; the long per-step history last."""
         out = {k: v for k, v in self.__dict__.items() if k != "history"}
         out["history"] = self.history
         return out
@@ -146,12 +151,95 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
+@dataclass
+class StepSums:
+    """Sums over the loss tokens of one optimizer step (or of a whole run): means are taken at the end."""
+
+    loss: float = 0.0  # micro-batch losses come weighted: their sum is the step's loss
+    kl: float = 0.0  # k3 to TrainResult.kl_reference
+    kl_start: float = 0.0  # k3 to the policy the run started from
+    clipped: int = 0
+    tokens: int = 0  # loss tokens
+    tis: float = 0.0
+    tis_capped: int = 0
+    all_tokens: int = 0  # through forward+backward, prompts included
+    gap: float = 0.0  # |trainer - sampler| logprob over gap_tokens; measured on the first step only
+    gap_tokens: int = 0
+
+    def add_micro_batch(self, micro: Sequence[_Row], logp: torch.Tensor, old: torch.Tensor, out: LossOutput,
+                        tis_cap: float) -> None:
+        drift = k3_kl(logp, old)
+        kl = out.kl if out.kl is not None else drift
+        self.loss += out.loss.item()
+        self.kl += float(kl.sum())
+        self.kl_start += float(drift.sum())
+        self.clipped += int(out.clipped.sum())
+        self.tokens += int(logp.numel())
+        self.tis += float(out.tis.sum())
+        self.tis_capped += int((out.tis >= tis_cap).sum())
+        self.all_tokens += sum(int(r.ids.numel()) for r in micro)
+
+    def add(self, other: StepSums) -> None:
+        for name in (f.name for f in fields(self)):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+class _RunMeter:
+    """The bookkeeping beside the training loop: per-step history, the run's sums, the training clock."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.sums = StepSums()
+        self.grad_norm = 0.0
+        self.history: list[dict[str, float]] = []
+
+    def record(self, number: int, step: StepSums, grad_norm: float) -> dict[str, float]:
+        """Adds one optimizer step; returns its history entry (means over its loss tokens)."""
+        tokens = max(step.tokens, 1)
+        entry = {"step": number, "loss": step.loss, "kl": step.kl / tokens, "clip_fraction": step.clipped / tokens,
+                 "grad_norm": grad_norm, "tis_mean": step.tis / tokens, "tokens": step.tokens}
+        self.history.append(entry)
+        self.sums.add(step)
+        self.grad_norm += grad_norm
+        return entry
+
+    def fill(self, result: TrainResult) -> None:
+        """The run's means into `result`: loss and gradient norm per step, the rest per loss token."""
+        steps, sums = len(self.history), self.sums
+        tokens = max(sums.tokens, 1)
+        result.history = self.history
+        result.optimizer_steps = steps
+        result.loss = sums.loss / max(steps, 1)
+        result.kl = sums.kl / tokens
+        result.kl_to_start = sums.kl_start / tokens
+        result.clip_fraction = sums.clipped / tokens
+        result.grad_norm = self.grad_norm / max(steps, 1)
+        result.tis_mean = sums.tis / tokens
+        result.tis_capped_fraction = sums.tis_capped / tokens
+        if sums.gap_tokens:
+            result.behaviour_gap = sums.gap / sums.gap_tokens
+        result.train_s = time.perf_counter() - self.started
+        result.tokens_per_s = sums.all_tokens / result.train_s if result.train_s > 0 else 0.0
+
+
+def _require_finite(what: str, value: float, step_number: int) -> None:
+    """A NaN or infinite loss or gradient norm aborts the run: no candidate may come out of it."""
+    if not math.isfinite(value):
+        raise NonFiniteLoss(f"{what} is {value} at optimizer step {step_number}")
+
+
+def _show_progress(bar: Any, entry: dict[str, float]) -> None:
+    if bar is not None:
+        bar.set_postfix(loss=f"{entry['loss']:.4f}", clip=f"{entry['clip_fraction']:.3f}")
+        bar.update(1)
+
+
 class GRPOTrainer:
     """Trains the `default` adapter of a PeftModel in place; see the module docstring."""
 
     def __init__(self, model: Any, config: TrainerConfig, *, start_version: str | None = None,
                  version_paths: dict[str, str] | None = None, fresh: bool = False, pad_token_id: int = 0,
-                 progress: bool = False, on_step: Callable[[dict[str, float]], None] | None = None) -> None:
+                 progress: bool = False) -> None:
         self.model = model
         self.config = config
         self.start_version = start_version
@@ -159,106 +247,169 @@ class GRPOTrainer:
         self.fresh = fresh  # the adapter is new (B = 0): old == base, no separate reference pass
         self.pad_token_id = pad_token_id
         self.progress = progress
-        self.on_step = on_step
         self.device = next(p for p in model.parameters()).device
         base = model.get_base_model()
-        self._full_forward = any(getattr(base.config, name, None) for name in ("final_logit_softcapping", "logit_scale"))
+        head_does_more = ("final_logit_softcapping", "logit_scale")  # than a projection: take the full-logits path
+        self._full_forward = any(getattr(base.config, name, None) for name in head_does_more)
         self._decoder = base.get_decoder()
         self._head = base.get_output_embeddings()
 
-    # ------------------------------------------------------------------ scoring
+    # ------------------------------------------------------------------ the run
 
-    def _batch(self, rows: Sequence[_Row]) -> torch.Tensor:
-        """Right-padded input ids. No attention mask is needed: under causal attention a real token
-        never sees the padding after it, and padded positions are never read. Leaving the mask out
-        keeps attention on its fast causal path (a padding mask forces an explicit 4-D mask)."""
-        length = max(int(r.ids.numel()) for r in rows)
-        input_ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, :row.ids.numel()] = row.ids
-        return input_ids.to(self.device)
+    def train(self, samples: Sequence[TrainSample]) -> TrainResult:
+        started = time.perf_counter()
+        result = TrainResult(kl_reference="base" if self.config.kl_beta > 0 else "start")
+        rows_by_sample = self._rows_by_sample(samples, result)
+        if rows_by_sample:
+            self._optimize(samples, rows_by_sample, result)
+        result.duration_s = time.perf_counter() - started
+        return result
 
-    def _logprobs(self, rows: Sequence[_Row]) -> torch.Tensor:
-        """Logprobs of every loss token of `rows`, flat, in row order, at each row's temperature."""
-        input_ids = self._batch(rows)
-        batch_index = torch.cat([torch.full((r.size,), i, dtype=torch.long) for i, r in enumerate(rows)]).to(self.device)
-        positions = torch.cat([r.positions for r in rows]).to(self.device)
-        temperatures = torch.cat([torch.full((r.size,), r.temperature) for r in rows]).to(self.device)
-        targets = input_ids[batch_index, positions]
-        if self._full_forward:
-            logits = self.model(input_ids=input_ids).logits[batch_index, positions - 1]
-        else:
-            hidden = self._decoder(input_ids=input_ids).last_hidden_state
-            logits = self._head(hidden[batch_index, positions - 1])
-        return token_logprobs(logits, targets, temperatures)
+    def _optimize(self, samples: Sequence[TrainSample], rows_by_sample: dict[int, list[_Row]],
+                  result: TrainResult) -> None:
+        """The training loop: each optimizer step accumulates its micro-batches' gradients, clips, steps."""
+        params = self._trainable_parameters()
+        optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        steps = self._plan(sorted(rows_by_sample), {sample: len(rows) for sample, rows in rows_by_sample.items()})
+        meter = _RunMeter()
+        self.model.train()
+        try:
+            with self._progress_bar(len(steps)) as bar:
+                for number, step_samples in enumerate(steps, start=1):
+                    optimizer.zero_grad(set_to_none=True)
+                    step_rows = [row for sample in step_samples for row in rows_by_sample[sample]]
+                    step = self.backward_step(samples, step_rows, number, measure_gap=number == 1)
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+                    _require_finite("gradient norm", grad_norm, number)
+                    optimizer.step()
+                    _show_progress(bar, meter.record(number, step, grad_norm))
+        finally:
+            self.model.eval()
+        meter.fill(result)
 
-    @torch.no_grad()
-    def _score(self, rows: Sequence[_Row]) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        ordered = sorted(range(len(rows)), key=lambda i: rows[i].ids.numel())
-        results: dict[int, torch.Tensor] = {}
-        for chunk in _chunks(ordered, max(1, 2 * self.config.micro_batch_size)):
-            values = self._logprobs([rows[i] for i in chunk]).float().cpu()
-            for i, part in zip(chunk, values.split([rows[i].size for i in chunk])):
-                results[i] = part
-        for i in range(len(rows)):
-            out.append(results[i])
-        return out
+    def _rows_by_sample(self, samples: Sequence[TrainSample], result: TrainResult) -> dict[int, list[_Row]]:
+        """The rows of every sample that can train, by sample index; what they cover (and what was
+        dropped) goes into `result`."""
+        rows = self.prepare(samples, result.dropped)
+        by_sample: dict[int, list[_Row]] = {}
+        for row in rows:
+            by_sample.setdefault(row.sample, []).append(row)
+        result.samples = len(by_sample)
+        result.loss_tokens = sum(r.size for r in rows)
+        result.tokens = sum(int(r.ids.numel()) for r in rows)
+        return by_sample
 
-    def _on_policy(self, row: _Row) -> bool:
-        """Sampled by the very policy this run starts from."""
-        return row.version == self.start_version
+    def _trainable_parameters(self) -> list[torch.nn.Parameter]:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:
+            raise RuntimeError(f"the model has no trainable parameters (adapter {TRAINABLE_ADAPTER!r})")
+        return params
+
+    def _progress_bar(self, total: int) -> AbstractContextManager[Any]:
+        if not self.progress:
+            return nullcontext()
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc="GRPO steps", unit="step")
+
+    # ------------------------------------------------------------------ 1. reference logprobs
+
+    def prepare(self, samples: Sequence[TrainSample], dropped: dict[str, int]) -> list[_Row]:
+        """Rows of every sample that can train, with their reference logprobs filled in."""
+        rows: list[_Row] = []
+        for index, sample in enumerate(samples):
+            if any(len(s.input_ids) > self.config.max_seq_len for s in sample.segments):
+                dropped["too_long"] = dropped.get("too_long", 0) + 1
+                continue
+            made = [r for r in (_row(index, s) for s in sample.segments) if r is not None]
+            if not made:
+                dropped["no_loss_tokens"] = dropped.get("no_loss_tokens", 0) + 1
+                continue
+            rows.extend(made)
+        return self._fill_references(rows, dropped)
 
     def _fill_references(self, rows: list[_Row], dropped: dict[str, int]) -> list[_Row]:
-        """old, behaviour and ref logprobs for every row; rows whose sampler is unknown are dropped.
+        """old, behaviour and ref logprobs for every row; rows whose sampler is unknown are dropped."""
+        self.model.eval()
+        self._fill_old(rows)
+        kept = self._fill_behaviour(rows, dropped)
+        if self.config.kl_beta > 0:
+            self._fill_ref(kept)
+        return kept
+
+    def _fill_old(self, rows: list[_Row]) -> None:
+        """The starting policy's logprobs.
 
         With `old_logprobs="recorded"`, rows the starting policy sampled itself take the sampler's
         logprobs as `old` (as TRL does with one iteration per batch): no scoring pass for them.
         The sampler/trainer gap is then measured during the first optimizer step instead.
         """
-        self.model.eval()
-        for row in rows:
-            row.behaviour = row.recorded
         trust_record = self.config.old_logprobs == "recorded"
-        to_score = [r for r in rows if not (trust_record and r.recorded is not None and self._on_policy(r))]
-        scored = {id(r) for r in to_score}
+        to_score: list[_Row] = []
         for row in rows:
-            if id(row) not in scored:
+            if trust_record and row.recorded is not None and self._on_policy(row):
                 row.old = row.recorded
-        for row, old in zip(to_score, self._score(to_score) if to_score else []):
+            else:
+                to_score.append(row)
+        for row, old in zip(to_score, self._score(to_score), strict=True):
             row.old = old
+
+    def _fill_behaviour(self, rows: list[_Row], dropped: dict[str, int]) -> list[_Row]:
+        """The sampler's logprobs: recorded, else the starting policy's own (old), else scored with the
+        saved version that served the call. Rows whose version is not available are dropped."""
         missing: dict[str | None, list[_Row]] = {}
         for row in rows:
-            if row.behaviour is not None:
-                continue
-            if self._on_policy(row):
+            row.behaviour = row.recorded
+            if row.behaviour is None and self._on_policy(row):
                 row.behaviour = row.old
-            else:
+            elif row.behaviour is None:
                 missing.setdefault(row.version, []).append(row)
         for version, group in missing.items():
-            if version is None:
-                with self.model.disable_adapter():
-                    scores = self._score(group)
-            elif version in self.version_paths:
-                with using_version(self.model, f"behaviour-{version}", self.version_paths[version]):
-                    scores = self._score(group)
-            else:
+            scores = self._score_with_version(version, group)
+            if scores is None:
                 dropped["behaviour_unavailable"] = dropped.get("behaviour_unavailable", 0) + len(group)
                 continue
-            for row, score in zip(group, scores):
+            for row, score in zip(group, scores, strict=True):
                 row.behaviour = score
-        kept = [r for r in rows if r.behaviour is not None]
-        if self.config.kl_beta > 0:
-            if self.fresh:
-                for row in kept:
-                    row.ref = row.old
-            else:
-                with self.model.disable_adapter():
-                    for row, ref in zip(kept, self._score(kept)):
-                        row.ref = ref
-        return kept
+        return [r for r in rows if r.behaviour is not None]
 
-    # ------------------------------------------------------------------ training
+    def _fill_ref(self, rows: list[_Row]) -> None:
+        """The base model's logprobs (adapter off) for the KL penalty; a fresh adapter is the base model."""
+        if self.fresh:
+            for row in rows:
+                row.ref = row.old
+            return
+        with self.model.disable_adapter():
+            for row, ref in zip(rows, self._score(rows), strict=True):
+                row.ref = ref
+
+    def _on_policy(self, row: _Row) -> bool:
+        """Sampled by the very policy this run starts from."""
+        return row.version == self.start_version
+
+    def _score_with_version(self, version: str | None, rows: Sequence[_Row]) -> list[torch.Tensor] | None:
+        """Scores under the adapter version that sampled `rows` (None: the base model); None if it is gone."""
+        if version is None:
+            with self.model.disable_adapter():
+                return self._score(rows)
+        if version in self.version_paths:
+            with using_version(self.model, f"behaviour-{version}", self.version_paths[version]):
+                return self._score(rows)
+        return None
+
+    @torch.no_grad()
+    def _score(self, rows: Sequence[_Row]) -> list[torch.Tensor]:
+        """Each row's loss-token logprobs, in row order. Rows of similar length share a batch (less
+        padding); without gradients, a batch twice the training micro-batch fits."""
+        by_length = sorted(range(len(rows)), key=lambda i: rows[i].ids.numel())
+        scores: dict[int, torch.Tensor] = {}
+        for chunk in _chunks(by_length, max(1, 2 * self.config.micro_batch_size)):
+            values = self._logprobs([rows[i] for i in chunk]).float().cpu()
+            for i, part in zip(chunk, values.split([rows[i].size for i in chunk]), strict=True):
+                scores[i] = part
+        return [scores[i] for i in range(len(rows))]
+
+    # ------------------------------------------------------------------ 2. samples -> optimizer steps
 
     def _plan(self, samples: Sequence[int], rows_per_sample: dict[int, int]) -> list[list[int]]:
         """Optimizer steps as lists of sample indices: shuffled per epoch, never splitting a sample."""
@@ -282,137 +433,86 @@ class GRPOTrainer:
             steps = steps[:self.config.max_steps]
         return steps
 
+    # ------------------------------------------------------------------ 3. one step's micro-batches
+
     def backward_step(self, samples: Sequence[TrainSample], step_rows: Sequence[_Row], step_number: int = 0,
-                      measure_gap: bool = False) -> dict[str, Any]:
+                      measure_gap: bool = False) -> StepSums:
         """Accumulate one optimizer step's gradient over micro-batches; returns the step's sums.
 
         The step's token weights are fixed first, from all its rows, so the accumulated gradient
         is the same however the rows are split into micro-batches.
         """
-        config = self.config
         ordered = sorted(step_rows, key=lambda r: r.ids.numel())  # similar lengths share a batch: less padding
-        per_sample: dict[int, int] = {}
-        for row in ordered:
-            per_sample[row.sample] = per_sample.get(row.sample, 0) + row.size
-        weight_of = dict(zip(per_sample, aggregation_weights(list(per_sample.values()), config.aggregation)))  # type: ignore[arg-type]
-        step: dict[str, Any] = {"loss": 0.0, "kl": 0.0, "kl_start": 0.0, "clipped": 0, "tokens": 0, "tis": 0.0,
-                                "tis_capped": 0, "all_tokens": 0, "gap": 0.0, "gap_tokens": 0}
-        for micro in _chunks(ordered, config.micro_batch_size):
+        weight_of = self._sample_weights(ordered)
+        sums = StepSums()
+        for micro in _chunks(ordered, self.config.micro_batch_size):
             logp = self._logprobs(micro)
-            cat = lambda values: torch.cat(values).to(self.device)  # noqa: E731
-            old = cat([r.old for r in micro])
-            behaviour = cat([r.behaviour for r in micro])
-            ref = cat([r.ref for r in micro]) if config.kl_beta > 0 else None
-            advantages = cat([torch.full((r.size,), samples[r.sample].advantage) for r in micro])
-            weights = cat([torch.full((r.size,), weight_of[r.sample]) for r in micro])
-            out = grpo_loss(logp, old, advantages, weights, eps_low=config.eps_low, eps_high=config.eps_high,
-                            behaviour_logp=behaviour, tis_cap=config.tis_cap, ref_logp=ref, kl_beta=config.kl_beta)
-            if not torch.isfinite(out.loss):
-                raise NonFiniteLoss(f"loss is {out.loss.item()} at optimizer step {step_number}")
+            old = self._concat([r.old for r in micro])
+            out = self._loss(micro, logp, old, samples, weight_of)
+            _require_finite("loss", out.loss.item(), step_number)
             out.loss.backward()
+            sums.add_micro_batch(micro, logp.detach(), old, out, self.config.tis_cap)
             if measure_gap:  # before the first update the trainable policy is the starting one
-                for row, part in zip(micro, logp.detach().float().cpu().split([r.size for r in micro])):
-                    if row.recorded is not None and self._on_policy(row):
-                        step["gap"] += float((part - row.recorded).abs().sum())
-                        step["gap_tokens"] += row.size
-            drift = k3_kl(logp.detach(), old)
-            kl = out.kl if out.kl is not None else drift
-            step["loss"] += out.loss.item()
-            step["kl"] += float(kl.sum())
-            step["kl_start"] += float(drift.sum())
-            step["clipped"] += int(out.clipped.sum())
-            step["tokens"] += int(logp.numel())
-            step["tis"] += float(out.tis.sum())
-            step["tis_capped"] += int((out.tis >= config.tis_cap).sum())
-            step["all_tokens"] += sum(int(r.ids.numel()) for r in micro)
-        return step
+                self._measure_gap(sums, micro, logp.detach())
+        return sums
 
-    def prepare(self, samples: Sequence[TrainSample], dropped: dict[str, int]) -> list[_Row]:
-        """Rows of every sample that can train, with their reference logprobs filled in."""
-        rows: list[_Row] = []
-        for index, sample in enumerate(samples):
-            if any(len(s.input_ids) > self.config.max_seq_len for s in sample.segments):
-                dropped["too_long"] = dropped.get("too_long", 0) + 1
-                continue
-            made = [r for r in (_row(index, s) for s in sample.segments) if r is not None]
-            if not made:
-                dropped["no_loss_tokens"] = dropped.get("no_loss_tokens", 0) + 1
-                continue
-            rows.extend(made)
-        return self._fill_references(rows, dropped)
-
-    def train(self, samples: Sequence[TrainSample]) -> TrainResult:
-        started = time.perf_counter()
-        config = self.config
-        result = TrainResult(kl_reference="base" if config.kl_beta > 0 else "start")
-        dropped: dict[str, int] = {}
-        rows = self.prepare(samples, dropped)
-        by_sample: dict[int, list[_Row]] = {}
+    def _sample_weights(self, rows: Sequence[_Row]) -> dict[int, float]:
+        """Each sample's per-token weight in this step (loss.aggregation_weights over the step's rows)."""
+        per_sample: dict[int, int] = {}
         for row in rows:
-            by_sample.setdefault(row.sample, []).append(row)
-        result.samples = len(by_sample)
-        result.dropped = dropped
-        result.loss_tokens = sum(r.size for r in rows)
-        result.tokens = sum(int(r.ids.numel()) for r in rows)
-        if not by_sample:
-            result.duration_s = time.perf_counter() - started
-            return result
+            per_sample[row.sample] = per_sample.get(row.sample, 0) + row.size
+        weights = aggregation_weights(list(per_sample.values()), self.config.aggregation)
+        return dict(zip(per_sample, weights, strict=True))
 
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if not params:
-            raise RuntimeError(f"the model has no trainable parameters (adapter {TRAINABLE_ADAPTER!r})")
-        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        steps = self._plan(sorted(by_sample), {k: len(v) for k, v in by_sample.items()})
-        bar = None
-        if self.progress:
-            from tqdm.auto import tqdm
+    def _loss(self, micro: Sequence[_Row], logp: torch.Tensor, old: torch.Tensor, samples: Sequence[TrainSample],
+              weight_of: dict[int, float]) -> LossOutput:
+        """The GRPO loss of one micro-batch: each token carries its sample's advantage and weight."""
+        config = self.config
+        advantages = self._per_token(micro, lambda r: samples[r.sample].advantage)
+        weights = self._per_token(micro, lambda r: weight_of[r.sample])
+        behaviour = self._concat([r.behaviour for r in micro])
+        ref = self._concat([r.ref for r in micro]) if config.kl_beta > 0 else None
+        return grpo_loss(logp, old, advantages, weights, eps_low=config.eps_low, eps_high=config.eps_high,
+                         behaviour_logp=behaviour, tis_cap=config.tis_cap, ref_logp=ref, kl_beta=config.kl_beta)
 
-            bar = tqdm(total=len(steps), desc="GRPO steps", unit="step")
-        self.model.train()
-        train_started = time.perf_counter()
-        trained_tokens = 0
-        totals = {"loss": 0.0, "kl": 0.0, "kl_start": 0.0, "clipped": 0, "tokens": 0, "grad_norm": 0.0,
-                  "tis": 0.0, "tis_capped": 0}
-        try:
-            for step_number, step_samples in enumerate(steps, start=1):
-                optimizer.zero_grad(set_to_none=True)
-                step = self.backward_step(samples, [r for s in step_samples for r in by_sample[s]], step_number,
-                                          measure_gap=step_number == 1)
-                trained_tokens += step.pop("all_tokens")
-                if step_number == 1 and step["gap_tokens"]:
-                    result.behaviour_gap = step["gap"] / step["gap_tokens"]
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
-                if not math.isfinite(grad_norm):
-                    raise NonFiniteLoss(f"gradient norm is {grad_norm} at optimizer step {step_number}")
-                optimizer.step()
-                tokens = max(step["tokens"], 1)
-                record = {"step": step_number, "loss": step["loss"], "kl": step["kl"] / tokens,
-                          "clip_fraction": step["clipped"] / tokens, "grad_norm": grad_norm,
-                          "tis_mean": step["tis"] / tokens, "tokens": step["tokens"]}
-                result.history.append(record)
-                for key in ("loss", "kl", "kl_start", "clipped", "tokens", "tis", "tis_capped"):
-                    totals[key] += step[key]
-                totals["grad_norm"] += grad_norm
-                if self.on_step is not None:
-                    self.on_step(record)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{record['loss']:.4f}", clip=f"{record['clip_fraction']:.3f}")
-                    bar.update(1)
-        finally:
-            if bar is not None:
-                bar.close()
-            self.model.eval()
-        n_steps = len(result.history)
-        tokens = max(totals["tokens"], 1)
-        result.optimizer_steps = n_steps
-        result.loss = totals["loss"] / max(n_steps, 1)
-        result.kl = totals["kl"] / tokens
-        result.kl_to_start = totals["kl_start"] / tokens
-        result.clip_fraction = totals["clipped"] / tokens
-        result.grad_norm = totals["grad_norm"] / max(n_steps, 1)
-        result.tis_mean = totals["tis"] / tokens
-        result.tis_capped_fraction = totals["tis_capped"] / tokens
-        result.train_s = time.perf_counter() - train_started
-        result.tokens_per_s = trained_tokens / result.train_s if result.train_s > 0 else 0.0
-        result.duration_s = time.perf_counter() - started
-        return result
+    def _concat(self, per_row: Sequence[torch.Tensor | None]) -> torch.Tensor:
+        """Per-row reference logprobs as one flat vector on the model's device (all filled in by prepare)."""
+        return torch.cat([values for values in per_row if values is not None]).to(self.device)
+
+    def _per_token(self, rows: Sequence[_Row], value_of: Callable[[_Row], float]) -> torch.Tensor:
+        """One number per row, repeated over its loss tokens, as one flat vector on the model's device."""
+        return torch.cat([torch.full((r.size,), value_of(r)) for r in rows]).to(self.device)
+
+    def _measure_gap(self, sums: StepSums, micro: Sequence[_Row], logp: torch.Tensor) -> None:
+        """|trainer - sampler| logprob on the tokens the starting policy sampled and recorded."""
+        for row, part in zip(micro, logp.float().cpu().split([r.size for r in micro]), strict=True):
+            if row.recorded is not None and self._on_policy(row):
+                sums.gap += float((part - row.recorded).abs().sum())
+                sums.gap_tokens += row.size
+
+    # ------------------------------------------------------------------ the model
+
+    def _batch(self, rows: Sequence[_Row]) -> torch.Tensor:
+        """Right-padded input ids. No attention mask is needed: under causal attention a real token
+        never sees the padding after it, and padded positions are never read. Leaving the mask out
+        keeps attention on its fast causal path (a padding mask forces an explicit 4-D mask)."""
+        length = max(int(r.ids.numel()) for r in rows)
+        input_ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, :row.ids.numel()] = row.ids
+        return input_ids.to(self.device)
+
+    def _logprobs(self, rows: Sequence[_Row]) -> torch.Tensor:
+        """Logprobs of every loss token of `rows`, flat, in row order, at each row's temperature."""
+        input_ids = self._batch(rows)
+        batch_index = torch.cat([torch.full((r.size,), i, dtype=torch.long) for i, r in enumerate(rows)])
+        batch_index = batch_index.to(self.device)
+        positions = torch.cat([r.positions for r in rows]).to(self.device)
+        temperatures = torch.cat([torch.full((r.size,), r.temperature) for r in rows]).to(self.device)
+        targets = input_ids[batch_index, positions]
+        if self._full_forward:
+            logits = self.model(input_ids=input_ids).logits[batch_index, positions - 1]
+        else:
+            hidden = self._decoder(input_ids=input_ids).last_hidden_state
+            logits = self._head(hidden[batch_index, positions - 1])
+        return token_logprobs(logits, targets, temperatures)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
 
+from apprentice.settings import LearningSettings
 from learner.grpo.adapters import check_vllm_format, new_lora, save_adapter
 from learner.grpo.tokens import Segment, parse_call, trajectory_segments
 from learner.grpo.trainer import GRPOTrainer, NonFiniteLoss, TrainerConfig, TrainSample
@@ -20,6 +23,11 @@ def tiny_peft(tiny_model_dir):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     return new_lora(model, 8, 16, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+def trainer_config(**settings: Any) -> TrainerConfig:
+    """LearningSettings' defaults (their one home) with `settings` changed, as the learner builds it."""
+    return TrainerConfig.from_settings(LearningSettings(**settings))
 
 
 def segment(prompt: list[int], completion: list[int], temperature: float = 1.0) -> Segment:
@@ -45,7 +53,8 @@ def test_training_moves_probability_towards_the_better_answer(tiny_peft):
     samples = toy_samples()
     good, bad = samples[0].segments[0].input_ids, samples[1].segments[0].input_ids
     before = sequence_logprob(tiny_peft, good, 4) - sequence_logprob(tiny_peft, bad, 4)
-    trainer = GRPOTrainer(tiny_peft, TrainerConfig(lr=1e-2, epochs=5, micro_batch_size=2, grad_accumulation=2), fresh=True)
+    config = trainer_config(lr=1e-2, epochs=5, micro_batch_size=2, grad_accumulation=2)
+    trainer = GRPOTrainer(tiny_peft, config, fresh=True)
     result = trainer.train(samples)
     after = sequence_logprob(tiny_peft, good, 4) - sequence_logprob(tiny_peft, bad, 4)
     assert after > before + 1.0
@@ -59,7 +68,7 @@ def test_micro_batches_and_gradient_accumulation_give_the_full_batch_gradient(ti
     samples = toy_samples()
     grads = []
     for micro in (4, 1, 3):
-        trainer = GRPOTrainer(tiny_peft, TrainerConfig(micro_batch_size=micro, aggregation="sequence"), fresh=True)
+        trainer = GRPOTrainer(tiny_peft, trainer_config(micro_batch_size=micro, aggregation="sequence"), fresh=True)
         rows = trainer.prepare(samples, {})
         tiny_peft.zero_grad(set_to_none=True)
         trainer.backward_step(samples, rows)
@@ -74,7 +83,7 @@ def test_a_nan_loss_aborts_the_run(tiny_peft):
     samples[1].advantage = float("nan")
     before = [p.detach().clone() for p in tiny_peft.parameters() if p.requires_grad]
     with pytest.raises(NonFiniteLoss):
-        GRPOTrainer(tiny_peft, TrainerConfig(micro_batch_size=1, grad_accumulation=4), fresh=True).train(samples)
+        GRPOTrainer(tiny_peft, trainer_config(micro_batch_size=1, grad_accumulation=4), fresh=True).train(samples)
     after = [p.detach() for p in tiny_peft.parameters() if p.requires_grad]
     assert all(torch.equal(a, b) for a, b in zip(before, after)), "no optimizer step was taken"
 
@@ -84,7 +93,7 @@ def test_saved_adapter_is_vllm_loadable_and_the_local_server_accepts_it(tiny_pef
 
     from learner.serving.adapters import LoraManager
 
-    GRPOTrainer(tiny_peft, TrainerConfig(lr=1e-2), fresh=True).train(toy_samples())
+    GRPOTrainer(tiny_peft, trainer_config(lr=1e-2), fresh=True).train(toy_samples())
     path = save_adapter(tiny_peft, tmp_path / "p-v1", "HuggingFaceTB/SmolLM2-135M-Instruct")
     config = check_vllm_format(path)
     assert config["r"] == 8 and not config.get("modules_to_save")
@@ -109,7 +118,8 @@ def test_the_trainer_scores_tokens_exactly_as_the_server_sampled_them(tiny_serve
     samples = [TrainSample("a", 1.0, 1.0, trajectory_segments(None, [call])),
                TrainSample("b", 0.0, -1.0, trajectory_segments(None, [call]))]
     for mode in ("recompute", "recorded"):
-        trainer = GRPOTrainer(tiny_peft, TrainerConfig(old_logprobs=mode, lr=0.0), fresh=True)
+        # lr 0 (below what LearningSettings accepts): the shared model stays the same for the second mode
+        trainer = GRPOTrainer(tiny_peft, replace(trainer_config(old_logprobs=mode), lr=0.0), fresh=True)
         rows = trainer.prepare(samples, {})
         assert torch.allclose(rows[0].old, rows[0].recorded, atol=1e-3), mode
         result = trainer.train(samples)
@@ -123,12 +133,12 @@ def test_behaviour_logprobs_are_recomputed_with_the_version_that_served(tiny_pef
     samples = toy_samples()
     for sample in samples:
         sample.segments[0].version = "v-old"
-    trainer = GRPOTrainer(tiny_peft, TrainerConfig(tis_cap=1e9), fresh=True, version_paths={"v-old": str(old_version)})
+    trainer = GRPOTrainer(tiny_peft, trainer_config(tis_cap=1e9), fresh=True, version_paths={"v-old": str(old_version)})
     rows = trainer.prepare(samples, {})
     # the old version's logprobs differ from the fresh (= base) adapter's: importance weights are not 1
     assert any(not torch.allclose(r.behaviour, r.old, atol=1e-3) for r in rows)
     assert sorted(n for n, _ in tiny_peft.named_parameters() if "lora_" in n and "v-old" in n) == []
     assert all(p.requires_grad == ("lora_" in n) for n, p in tiny_peft.named_parameters())
     dropped: dict[str, int] = {}
-    unknown = GRPOTrainer(tiny_peft, TrainerConfig(), fresh=True).prepare(samples, dropped)
+    unknown = GRPOTrainer(tiny_peft, trainer_config(), fresh=True).prepare(samples, dropped)
     assert unknown == [] and dropped == {"behaviour_unavailable": 4}
