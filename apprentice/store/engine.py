@@ -10,15 +10,18 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+if TYPE_CHECKING:  # pgserver is imported at run time only where the embedded mode is used
+    from pgserver import PostgresServer
+
 log = logging.getLogger(__name__)
 
-_embedded_servers: dict[Path, Any] = {}
+_embedded_servers: dict[Path, PostgresServer] = {}
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -45,10 +48,10 @@ def start_embedded_postgres(data_dir: Path) -> str:
     pgdata = (data_dir / "pgdata").resolve()
     if pgdata not in _embedded_servers:
         pgdata.parent.mkdir(parents=True, exist_ok=True)
-        import pgserver  # imported here: only the embedded mode needs it
+        from pgserver.postgres_server import get_server  # imported here: only the embedded mode needs it
 
         log.info("starting embedded PostgreSQL in %s", pgdata)
-        _embedded_servers[pgdata] = pgserver.get_server(pgdata, cleanup_mode="stop")
+        _embedded_servers[pgdata] = get_server(pgdata, cleanup_mode="stop")
     return _embedded_servers[pgdata].get_uri()
 
 

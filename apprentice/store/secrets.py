@@ -16,5 +16,6 @@ async def instance_secret(engine: AsyncEngine, name: str, nbytes: int = 32) -> b
     async with engine.begin() as connection:
         await connection.execute(insert(instance_secrets).values(name=name, value=secrets.token_bytes(nbytes))
                                  .on_conflict_do_nothing(index_elements=["name"]))
-        return (await connection.execute(select(instance_secrets.c.value)
-                                         .where(instance_secrets.c.name == name))).scalar_one()
+        value: bytes = (await connection.execute(select(instance_secrets.c.value)
+                                                 .where(instance_secrets.c.name == name))).scalar_one()
+        return value
