@@ -17,6 +17,7 @@ trajectory, so a run keeps its version across a transition while it stays on one
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import uuid
 from dataclasses import dataclass
@@ -24,12 +25,13 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from apprentice.promotion.status import SERVING, VersionStatus
 from apprentice.store.tables import adapter_versions
-
 from gateway.workers import PeriodicWorker
+
 log = logging.getLogger(__name__)
 
-SERVING_STATUSES = ("promoted", "canary")
+SERVING_STATUSES = tuple(sorted(status.value for status in SERVING))
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +59,11 @@ class PolicyServing:
 
 
 def bucket(key: bytes) -> float:
-    """A uniform number in [0, 1) from a hash: the same key lands in the same arm everywhere."""
-    return int.from_bytes(key[:8], "big") / 2**64
+    """A uniform number in [0, 1): the same key lands in the same arm everywhere.
+
+    The key is hashed first: a split key may be a gateway-issued UUIDv7, whose leading bytes
+    are a timestamp, and reading those directly put every echoed run in the canary."""
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
 
 
 class PolicyVersions:
@@ -67,8 +72,8 @@ class PolicyVersions:
         self.poll_interval_s = poll_interval_s
         self._serving: dict[str, PolicyServing] = {}
         self.loaded = asyncio.Event()
-
         self.worker = PeriodicWorker("adapter-version-poll", self.refresh, interval_s=poll_interval_s)
+
     async def start(self) -> None:
         """Read the serving versions before serving; if the store does not answer, serve the
         base model and let the worker retry (with back-off) in the background."""
@@ -92,7 +97,7 @@ class PolicyVersions:
             for row in rows:
                 entry = serving.setdefault(row.policy, {})
                 version = ServingVersion(row.id, row.name)
-                if row.status == "promoted":
+                if row.status == VersionStatus.PROMOTED:
                     entry["promoted"] = version
                 else:
                     entry["canary"] = version
