@@ -151,89 +151,6 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-@dataclass
-class StepSums:
-    """Sums over the loss tokens of one optimizer step (or of a whole run): means are taken at the end."""
-
-    loss: float = 0.0  # micro-batch losses come weighted: their sum is the step's loss
-    kl: float = 0.0  # k3 to TrainResult.kl_reference
-    kl_start: float = 0.0  # k3 to the policy the run started from
-    clipped: int = 0
-    tokens: int = 0  # loss tokens
-    tis: float = 0.0
-    tis_capped: int = 0
-    all_tokens: int = 0  # through forward+backward, prompts included
-    gap: float = 0.0  # |trainer - sampler| logprob over gap_tokens; measured on the first step only
-    gap_tokens: int = 0
-
-    def add_micro_batch(self, micro: Sequence[_Row], logp: torch.Tensor, old: torch.Tensor, out: LossOutput,
-                        tis_cap: float) -> None:
-        drift = k3_kl(logp, old)
-        kl = out.kl if out.kl is not None else drift
-        self.loss += out.loss.item()
-        self.kl += float(kl.sum())
-        self.kl_start += float(drift.sum())
-        self.clipped += int(out.clipped.sum())
-        self.tokens += int(logp.numel())
-        self.tis += float(out.tis.sum())
-        self.tis_capped += int((out.tis >= tis_cap).sum())
-        self.all_tokens += sum(int(r.ids.numel()) for r in micro)
-
-    def add(self, other: StepSums) -> None:
-        for name in (f.name for f in fields(self)):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-
-class _RunMeter:
-    """The bookkeeping beside the training loop: per-step history, the run's sums, the training clock."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.sums = StepSums()
-        self.grad_norm = 0.0
-        self.history: list[dict[str, float]] = []
-
-    def record(self, number: int, step: StepSums, grad_norm: float) -> dict[str, float]:
-        """Adds one optimizer step; returns its history entry (means over its loss tokens)."""
-        tokens = max(step.tokens, 1)
-        entry = {"step": number, "loss": step.loss, "kl": step.kl / tokens, "clip_fraction": step.clipped / tokens,
-                 "grad_norm": grad_norm, "tis_mean": step.tis / tokens, "tokens": step.tokens}
-        self.history.append(entry)
-        self.sums.add(step)
-        self.grad_norm += grad_norm
-        return entry
-
-    def fill(self, result: TrainResult) -> None:
-        """The run's means into `result`: loss and gradient norm per step, the rest per loss token."""
-        steps, sums = len(self.history), self.sums
-        tokens = max(sums.tokens, 1)
-        result.history = self.history
-        result.optimizer_steps = steps
-        result.loss = sums.loss / max(steps, 1)
-        result.kl = sums.kl / tokens
-        result.kl_to_start = sums.kl_start / tokens
-        result.clip_fraction = sums.clipped / tokens
-        result.grad_norm = self.grad_norm / max(steps, 1)
-        result.tis_mean = sums.tis / tokens
-        result.tis_capped_fraction = sums.tis_capped / tokens
-        if sums.gap_tokens:
-            result.behaviour_gap = sums.gap / sums.gap_tokens
-        result.train_s = time.perf_counter() - self.started
-        result.tokens_per_s = sums.all_tokens / result.train_s if result.train_s > 0 else 0.0
-
-
-def _require_finite(what: str, value: float, step_number: int) -> None:
-    """A NaN or infinite loss or gradient norm aborts the run: no candidate may come out of it."""
-    if not math.isfinite(value):
-        raise NonFiniteLoss(f"{what} is {value} at optimizer step {step_number}")
-
-
-def _show_progress(bar: Any, entry: dict[str, float]) -> None:
-    if bar is not None:
-        bar.set_postfix(loss=f"{entry['loss']:.4f}", clip=f"{entry['clip_fraction']:.3f}")
-        bar.update(1)
-
-
 class GRPOTrainer:
     """Trains the `default` adapter of a PeftModel in place; see the module docstring."""
 
@@ -257,6 +174,7 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ the run
 
     def train(self, samples: Sequence[TrainSample]) -> TrainResult:
+        """Prepares the rows, then runs the optimizer steps; no step at all when no sample can train."""
         started = time.perf_counter()
         result = TrainResult(kl_reference="base" if self.config.kl_beta > 0 else "start")
         rows_by_sample = self._rows_by_sample(samples, result)
@@ -476,8 +394,11 @@ class GRPOTrainer:
                          behaviour_logp=behaviour, tis_cap=config.tis_cap, ref_logp=ref, kl_beta=config.kl_beta)
 
     def _concat(self, per_row: Sequence[torch.Tensor | None]) -> torch.Tensor:
-        """Per-row reference logprobs as one flat vector on the model's device (all filled in by prepare)."""
-        return torch.cat([values for values in per_row if values is not None]).to(self.device)
+        """Per-row reference logprobs (filled in by `prepare`) as one flat vector on the model's device."""
+        filled = [values for values in per_row if values is not None]
+        if len(filled) != len(per_row):
+            raise ValueError("a row has no reference logprobs: rows must come from prepare()")
+        return torch.cat(filled).to(self.device)
 
     def _per_token(self, rows: Sequence[_Row], value_of: Callable[[_Row], float]) -> torch.Tensor:
         """One number per row, repeated over its loss tokens, as one flat vector on the model's device."""
@@ -516,3 +437,91 @@ class GRPOTrainer:
             hidden = self._decoder(input_ids=input_ids).last_hidden_state
             logits = self._head(hidden[batch_index, positions - 1])
         return token_logprobs(logits, targets, temperatures)
+
+
+# ---------------------------------------------------------------------- bookkeeping beside the training loop
+
+@dataclass
+class StepSums:
+    """Sums over the loss tokens of one optimizer step (or of a whole run): means are taken at the end."""
+
+    loss: float = 0.0  # micro-batch losses come weighted: their sum is the step's loss
+    kl: float = 0.0  # k3 to TrainResult.kl_reference
+    kl_start: float = 0.0  # k3 to the policy the run started from
+    clipped: int = 0
+    tokens: int = 0  # loss tokens
+    tis: float = 0.0
+    tis_capped: int = 0
+    all_tokens: int = 0  # through forward+backward, prompts included
+    gap: float = 0.0  # |trainer - sampler| logprob over gap_tokens; measured on the first step only
+    gap_tokens: int = 0
+
+    def add_micro_batch(self, micro: Sequence[_Row], logp: torch.Tensor, old: torch.Tensor, out: LossOutput,
+                        tis_cap: float) -> None:
+        """One micro-batch's loss-token statistics (`logp` detached, `old` its starting-policy logprobs)."""
+        drift = k3_kl(logp, old)
+        kl = out.kl if out.kl is not None else drift
+        self.loss += out.loss.item()
+        self.kl += float(kl.sum())
+        self.kl_start += float(drift.sum())
+        self.clipped += int(out.clipped.sum())
+        self.tokens += int(logp.numel())
+        self.tis += float(out.tis.sum())
+        self.tis_capped += int((out.tis >= tis_cap).sum())
+        self.all_tokens += sum(int(r.ids.numel()) for r in micro)
+
+    def add(self, other: StepSums) -> None:
+        """Adds another step's sums: a run's sums are its steps' sums."""
+        for name in (f.name for f in fields(self)):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+class _RunMeter:
+    """The bookkeeping beside the training loop: per-step history, the run's sums, the training clock."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.sums = StepSums()
+        self.grad_norm = 0.0
+        self.history: list[dict[str, float]] = []
+
+    def record(self, number: int, step: StepSums, grad_norm: float) -> dict[str, float]:
+        """Adds one optimizer step; returns its history entry (means over its loss tokens)."""
+        tokens = max(step.tokens, 1)
+        entry = {"step": number, "loss": step.loss, "kl": step.kl / tokens, "clip_fraction": step.clipped / tokens,
+                 "grad_norm": grad_norm, "tis_mean": step.tis / tokens, "tokens": step.tokens}
+        self.history.append(entry)
+        self.sums.add(step)
+        self.grad_norm += grad_norm
+        return entry
+
+    def fill(self, result: TrainResult) -> None:
+        """The run's means into `result`: loss and gradient norm per step, the rest per loss token."""
+        steps, sums = len(self.history), self.sums
+        tokens = max(sums.tokens, 1)
+        result.history = self.history
+        result.optimizer_steps = steps
+        result.loss = sums.loss / max(steps, 1)
+        result.kl = sums.kl / tokens
+        result.kl_to_start = sums.kl_start / tokens
+        result.clip_fraction = sums.clipped / tokens
+        result.grad_norm = self.grad_norm / max(steps, 1)
+        result.tis_mean = sums.tis / tokens
+        result.tis_capped_fraction = sums.tis_capped / tokens
+        if sums.gap_tokens:
+            result.behaviour_gap = sums.gap / sums.gap_tokens
+        result.train_s = time.perf_counter() - self.started
+        result.tokens_per_s = sums.all_tokens / result.train_s if result.train_s > 0 else 0.0
+
+
+def _require_finite(what: str, value: float, step_number: int) -> None:
+    """A NaN or infinite loss or gradient norm aborts the run: no candidate may come out of it."""
+    if not math.isfinite(value):
+        raise NonFiniteLoss(f"{what} is {value} at optimizer step {step_number}")
+
+
+def _show_progress(bar: Any, entry: dict[str, float]) -> None:
+    """The step's loss and clip fraction on the progress bar, when there is one."""
+    if bar is not None:
+        bar.set_postfix(loss=f"{entry['loss']:.4f}", clip=f"{entry['clip_fraction']:.3f}")
+        bar.update(1)

@@ -12,8 +12,8 @@ import contextlib
 import logging
 import os
 import secrets
-from dataclasses import dataclass
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -23,8 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from learner.serving.adapters import LoraManager
 from learner.serving.engine import GenerationEngine
-from learner.serving.protocol import (APIError, ChatCompletionRequest, LoadLoRAAdapterRequest,
-                                      UnloadLoRAAdapterRequest)
+from learner.serving.protocol import APIError, ChatCompletionRequest, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from learner.serving.serving_chat import OpenAIServingChat
 from learner.serving.serving_models import OpenAIServingModels
 
@@ -58,6 +57,15 @@ def build_app(state: ServerState, api_key: str | None = None) -> FastAPI:
 
     app = FastAPI(title="Apprentice local inference server", lifespan=lifespan)
     app.state.server = state
+    _add_error_handlers(app)
+    if api_key:
+        _require_api_key(app, api_key)
+    _add_routes(app, state)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error in vLLM's body; request validation errors as 400, as vLLM answers them."""
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -78,15 +86,20 @@ def build_app(state: ServerState, api_key: str | None = None) -> FastAPI:
         return _error(APIError(str(exc) or type(exc).__name__, "InternalServerError",
                                HTTPStatus.INTERNAL_SERVER_ERROR))
 
-    if api_key:
-        @app.middleware("http")
-        async def authenticate(request: Request, call_next: Any) -> Any:
-            if request.url.path.startswith("/v1"):
-                given = request.headers.get("authorization", "")
-                if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                    return JSONResponse(content={"error": "Unauthorized"}, status_code=401)
-            return await call_next(request)
 
+def _require_api_key(app: FastAPI, api_key: str) -> None:
+    """`/v1` routes answer only `Authorization: Bearer <api_key>` (vLLM's `--api-key`); health and version stay open."""
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Any) -> Any:
+        if request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return JSONResponse(content={"error": "Unauthorized"}, status_code=401)
+        return await call_next(request)
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
@@ -113,8 +126,6 @@ def build_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(request: UnloadLoRAAdapterRequest) -> Response:
         return Response(status_code=200, content=await state.models.unload_lora_adapter(request))
-
-    return app
 
 
 def create_server_state(model: str | None, served_model_name: str | None = None, device: Any = None,
