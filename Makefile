@@ -1,4 +1,5 @@
 # The two commands of the README:  `make up` runs Apprentice, `make test` runs the tests.
+# `make lint` checks the code without running it: lint, format, types and the import walls.
 # Both create .venv and install the project into it first (once; again when pyproject.toml changes).
 
 PYTHON ?= python3
@@ -8,7 +9,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: up test install clean
+.PHONY: up test lint install clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +25,15 @@ up: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest
+
+# Every check runs even when an earlier one fails, so one pass reports all of them.
+lint: $(BIN)/.installed
+	@status=0; \
+	$(BIN)/ruff check . || status=1; \
+	$(BIN)/ruff format --check . || status=1; \
+	$(BIN)/mypy || status=1; \
+	$(BIN)/lint-imports || status=1; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) .apprentice .pytest_cache
