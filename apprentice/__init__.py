@@ -2,7 +2,7 @@
 
 Settings, the store's engine and tables, the adapter lifecycle and promotion (SQL and HTTP
 only), the `apprentice` command line and the `up` supervisor. Nothing here imports torch,
-`gateway` or `learner`: `.importlinter` enforces it.
+`gateway` or `learner`: the import-linter contracts in pyproject.toml enforce it.
 """
 
 __version__ = "0.1.0"
