@@ -13,9 +13,11 @@ noise of a shared machine falls on every target alike:
 - calls recorded into PostgreSQL (table `calls`): how fast rows land while the gateway is under
   load, and how fast the journal shipper drains a backlog (rows held back by a table lock).
 
-    python bench/gateway_overhead.py                # about 4-5 minutes; writes docs/benchmarks.md
-    python bench/gateway_overhead.py --quick        # smoke run, writes nothing
-    python bench/gateway_overhead.py --targets direct,litellm
+    python -m bench.gateway_overhead                # about 4-5 minutes; writes docs/benchmarks.md
+    python -m bench.gateway_overhead --quick        # smoke run, writes nothing
+    python -m bench.gateway_overhead --targets direct,litellm
+
+Run from the repository root: the fake upstream is the tests' (`tests.support.fake_upstream`).
 
 The LiteLLM proxy runs from its own virtual environment (default `.bench-venv`, created on first
 use with `pip install 'litellm[proxy]'`), never from the project's. Only loopback addresses are
@@ -30,8 +32,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from apprentice.processes import ManagedProcess, free_port
+from bench.loadgen import Endpoint, LoadClient
+from bench.report import machine_line, markdown_table, write_section
+from bench.stats import median, percentile
+
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import psutil  # noqa: E402
-
-from bench.loadgen import Endpoint, LoadClient  # noqa: E402
-from bench.report import machine_line, markdown_table, write_section  # noqa: E402
 
 SECTION_TITLE = "Gateway overhead"
 MODEL = "fake-model"
@@ -87,7 +87,7 @@ class Sizes:
     pg_calls: int
 
     @classmethod
-    def for_args(cls, args: argparse.Namespace) -> "Sizes":
+    def for_args(cls, args: argparse.Namespace) -> Sizes:
         sizes = (cls(rounds=2, c1_requests=60, c1_stream_requests=30, c32_seconds=0.7, c32_max_requests=5000,
                      c32_min_requests=96, pg_calls=2000) if args.quick else
                  cls(rounds=7, c1_requests=200, c1_stream_requests=100, c32_seconds=1.5, c32_max_requests=30000,
@@ -103,12 +103,6 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
 def tail(path: Path, lines: int = 25) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -119,21 +113,21 @@ def tail(path: Path, lines: int = 25) -> str:
 # --------------------------------------------------------------------------- processes
 
 
-class Proc:
-    """A server started by this script, in its own session so that it and its workers stop together."""
+class MeasuredProcess(ManagedProcess):
+    """A server started by this script (at once), whose CPU time and memory are read, children included.
+
+    `env`, when given, is the child's whole environment rather than additions to this one: the
+    bench removes variables (DATABASE_URL, APPRENTICE_*) that would change what a target does.
+    """
+
+    STOP_TIMEOUT_S = 15.0
 
     def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
                  cwd: Path = REPO) -> None:
-        self.name = name
-        self.argv = argv
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      cwd=cwd, env=env, start_new_session=True)
-        self.pid = self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
+        super().__init__(name, argv, log_path, cwd=cwd)
+        if env is not None:
+            self.env = env
+        self.start()
 
     def processes(self) -> list[psutil.Process]:
         try:
@@ -176,26 +170,9 @@ class Proc:
                 pass
         return total
 
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.pid, signal.SIGTERM)  # the session this script created for it
-            except ProcessLookupError:
-                pass
-            try:
-                self.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.popen.wait(timeout=5)
-        else:  # the leader exited; workers it left in its session may still run
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        self._log.close()
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM to its session, SIGKILL after `timeout`; workers left behind are killed too."""
+        return super().stop(timeout)
 
 
 def cpu_delta(before: tuple[float, float], after: tuple[float, float]) -> float:
@@ -218,7 +195,7 @@ def endpoint(base_url: str, stream: bool) -> Endpoint:
     return Endpoint(f"{base_url}/chat/completions", chat_body(stream), {"Authorization": "Bearer sk-bench"}, stream)
 
 
-async def wait_ready(base_url: str, proc: Proc | None, timeout_s: float) -> float:
+async def wait_ready(base_url: str, proc: MeasuredProcess | None, timeout_s: float) -> float:
     """Poll with a real chat completion until it answers 200; returns the seconds it took."""
     started = time.perf_counter()
     client = LoadClient(endpoint(base_url, False), 1, timeout_s=10)
@@ -226,7 +203,7 @@ async def wait_ready(base_url: str, proc: Proc | None, timeout_s: float) -> floa
     try:
         while time.perf_counter() - started < timeout_s:
             if proc is not None and not proc.alive():
-                raise RuntimeError(f"{proc.name} exited with status {proc.popen.returncode} while starting; "
+                raise RuntimeError(f"{proc.name} exited with status {proc.returncode} while starting; "
                                    f"log {proc.log_path}:\n{tail(proc.log_path)}")
             sample = await client.one()
             if sample.ok:
@@ -243,8 +220,8 @@ async def wait_ready(base_url: str, proc: Proc | None, timeout_s: float) -> floa
 class Target:
     name: str
     base_url: str  # ends in /v1
-    proc: Proc | None  # None: the upstream itself (its CPU is read from the upstream process)
-    cpu_proc: Proc
+    proc: MeasuredProcess | None  # None: the upstream itself (its CPU is read from the upstream process)
+    cpu_proc: MeasuredProcess
     workers: int = 1
     startup_s: float | None = None
     rss_bytes: int = 0
@@ -297,8 +274,8 @@ async def start_litellm(binary: Path, upstream_url: str, workers: int, workdir: 
     # master key unless told this).
     env["LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY"] = "true"
     env["PATH"] = f"{binary.parent}:{env.get('PATH', '')}"
-    proc = Proc(name, [str(binary), "--config", str(config), "--host", HOST, "--port", str(port),
-                       "--num_workers", str(workers)], workdir / f"{name}.log", env=env)
+    proc = MeasuredProcess(name, [str(binary), "--config", str(config), "--host", HOST, "--port", str(port),
+                                  "--num_workers", str(workers)], workdir / f"{name}.log", env=env)
     target = Target(name, f"http://{HOST}:{port}/v1", proc, proc, workers)
     target.startup_s = await wait_ready(target.base_url, proc, timeout_s)
     return target
@@ -378,28 +355,15 @@ async def start_gateway(upstream_url: str, workers: int, workdir: Path, admin_ur
         raise RuntimeError(f"`apprentice db upgrade --config {config}` exited {upgrade.returncode}:\n"
                            f"{(upgrade.stderr or upgrade.stdout)[-2000:]}")
     port = free_port()
-    proc = Proc(name, apprentice_argv() + ["gateway", "--config", str(config), "--host", HOST, "--port", str(port),
-                                           "--workers", str(workers)], workdir / f"{name}.log", env=env)
+    argv = apprentice_argv() + ["gateway", "--config", str(config), "--host", HOST, "--port", str(port),
+                                "--workers", str(workers)]
+    proc = MeasuredProcess(name, argv, workdir / f"{name}.log", env=env)
     target = Target(name, f"http://{HOST}:{port}/v1", proc, proc, workers, database=db_name)
     target.startup_s = await wait_ready(target.base_url, proc, timeout_s)
     return target
 
 
 # --------------------------------------------------------------------------- measuring
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    position = (len(sorted_values) - 1) * q
-    low = int(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
-
-
-def median(values: list[float]) -> float:
-    values = [v for v in values if v == v]
-    return statistics.median(values) if values else float("nan")
 
 
 async def validate(target: Target, expected_events: int | None) -> int:
@@ -424,7 +388,7 @@ async def validate(target: Target, expected_events: int | None) -> int:
     return events
 
 
-async def run_phase(target: Target, upstream: Proc, phase: str, concurrency: int, stream: bool,
+async def run_phase(target: Target, upstream: MeasuredProcess, phase: str, concurrency: int, stream: bool,
                     sizes: Sizes) -> dict[str, Any]:
     client = target.client(phase, concurrency, stream)
     if concurrency == 1:
@@ -457,14 +421,15 @@ async def run_phase(target: Target, upstream: Proc, phase: str, concurrency: int
     }
 
 
-async def warm_up(target: Target, upstream: Proc, sizes: Sizes) -> None:
+async def warm_up(target: Target, upstream: MeasuredProcess, sizes: Sizes) -> None:
     warm = Sizes(rounds=1, c1_requests=30, c1_stream_requests=10, c32_seconds=min(0.5, sizes.c32_seconds),
                  c32_max_requests=2000, c32_min_requests=64, pg_calls=0)
     for phase, concurrency, stream in PHASES:
         await run_phase(target, upstream, phase, concurrency, stream, warm)
 
 
-async def measure_rounds(targets: list[Target], upstream: Proc, sizes: Sizes) -> dict[str, dict[str, list[dict]]]:
+async def measure_rounds(targets: list[Target], upstream: MeasuredProcess,
+                         sizes: Sizes) -> dict[str, dict[str, list[dict]]]:
     results: dict[str, dict[str, list[dict]]] = {p: {t.name: [] for t in targets} for p, _, _ in PHASES}
     for round_index in range(sizes.rounds):
         shift = round_index % len(targets)
@@ -475,7 +440,7 @@ async def measure_rounds(targets: list[Target], upstream: Proc, sizes: Sizes) ->
                 if target.failed:
                     continue
                 if target.proc is not None and not target.proc.alive():
-                    target.failed = (f"exited with status {target.proc.popen.returncode} during the run; "
+                    target.failed = (f"exited with status {target.proc.returncode} during the run; "
                                      f"log {target.proc.log_path}:\n{tail(target.proc.log_path)}")
                     log(f"{target.name} {target.failed}")
                     continue
@@ -483,7 +448,8 @@ async def measure_rounds(targets: list[Target], upstream: Proc, sizes: Sizes) ->
                 result["round"] = round_index
                 results[phase][target.name].append(result)
                 if result["errors"]:
-                    log(f"  {target.name} {phase}: {result['errors']}/{result['n']} errors, e.g. {result['example_error']}")
+                    log(f"  {target.name} {phase}: {result['errors']}/{result['n']} errors, "
+                        f"e.g. {result['example_error']}")
                 if result["n"] and result["errors"] == result["n"]:
                     target.failed = f"every request of phase {phase} failed, e.g. {result['example_error']}"
         brief = "; ".join(f"{t.name} {results['c1'][t.name][-1]['p50_ms']:.2f} ms/"
@@ -761,7 +727,7 @@ def render(args: argparse.Namespace, sizes: Sizes, targets: list[Target], summar
            notes: list[str], litellm_version: str | None) -> str:
     names = [t.name for t in targets]
     parts = [
-        f"Command: `python bench/gateway_overhead.py {' '.join(sys.argv[1:])}`".rstrip() + ". " + machine_line()
+        f"Command: `python -m bench.gateway_overhead {' '.join(sys.argv[1:])}`".rstrip() + ". " + machine_line()
         + f" Load average (1 min) {LOAD_AT_START:.1f} at the start, {os.getloadavg()[0]:.1f} at the end: "
           "the machine is shared, so compare targets within this run rather than across runs.",
         "",
@@ -770,7 +736,8 @@ def render(args: argparse.Namespace, sizes: Sizes, targets: list[Target], summar
         "`bench/loadgen.py` (keep-alive, raw HTTP/1.1), in its own process. "
         f"{sizes.rounds} interleaved rounds; each round runs every phase on every target in turn "
         f"({sizes.c1_requests} non-streamed and {sizes.c1_stream_requests} streamed calls one at a time, "
-        f"then {sizes.c32_seconds} s, and at least {sizes.c32_min_requests} calls, at concurrency 32 of each). Latency is the time to the last byte "
+        f"then {sizes.c32_seconds} s, and at least {sizes.c32_min_requests} calls, at concurrency 32 of each). "
+        "Latency is the time to the last byte "
         "(streams: 20 content chunks); *added* is the target's p50 (p99) minus the direct call's in the "
         "same round, median over rounds; other figures are medians over rounds. CPU is user+system time "
         "of the target's processes, children included, per request.",
@@ -794,8 +761,10 @@ def render(args: argparse.Namespace, sizes: Sizes, targets: list[Target], summar
     rows = []
     for name in names:
         a, b = summary["c32"].get(name, {}), summary["c32-stream"].get(name, {})
-        ratio = [fmt(a.get("rps") / summary["c32"][reference]["rps"], 1) if reference and a and summary["c32"].get(reference) else "–",
-                 fmt(b.get("rps") / summary["c32-stream"][reference]["rps"], 1) if reference and b and summary["c32-stream"].get(reference) else "–"]
+        ratio = [fmt(a.get("rps") / summary["c32"][reference]["rps"], 1)
+                 if reference and a and summary["c32"].get(reference) else "–",
+                 fmt(b.get("rps") / summary["c32-stream"][reference]["rps"], 1)
+                 if reference and b and summary["c32-stream"].get(reference) else "–"]
         rows.append([name, fmt(a.get("rps"), 0), fmt(a.get("p50_ms")), fmt(a.get("p99_ms")), fmt(a.get("added_p50_ms")),
                      fmt(b.get("rps"), 0), fmt(b.get("p50_ms")), fmt(b.get("p99_ms")), fmt(b.get("added_p50_ms")),
                      *ratio])
@@ -859,7 +828,8 @@ def render(args: argparse.Namespace, sizes: Sizes, targets: list[Target], summar
         if recording and recording.get("backlog"):
             rate = recording["backlog"]["drain_per_s"]
             rows.append(["recorded calls/s shipped into PostgreSQL (backlog drain)", fmt(rate, 0),
-                         f"≥ {GOALS['recorded_calls_per_s']:,.0f}", check(rate, GOALS["recorded_calls_per_s"], higher=True)])
+                         f"≥ {GOALS['recorded_calls_per_s']:,.0f}",
+                         check(rate, GOALS["recorded_calls_per_s"], higher=True)])
         if recording and recording.get("sustained"):
             rate = recording["sustained"]["end_to_end_per_s"]
             sustained = recording["sustained"]
@@ -927,7 +897,7 @@ async def run(args: argparse.Namespace) -> int:
         log("note: without the direct target no latency can be called 'added'")
     workdir = Path(tempfile.mkdtemp(prefix="apprentice-bench-"))
     log(f"work directory {workdir} (configs and server logs)")
-    procs: list[Proc] = []
+    procs: list[MeasuredProcess] = []
     targets: list[Target] = []
     notes: list[str] = []
     skipped: list[str] = []
@@ -937,8 +907,8 @@ async def run(args: argparse.Namespace) -> int:
     recording = None
     try:
         upstream_port = free_port()
-        upstream = Proc("upstream", [sys.executable, "-m", "tests.support.fake_upstream", "--host", HOST,
-                                     "--port", str(upstream_port)], workdir / "upstream.log")
+        upstream = MeasuredProcess("upstream", [sys.executable, "-m", "tests.support.fake_upstream", "--host", HOST,
+                                                "--port", str(upstream_port)], workdir / "upstream.log")
         procs.append(upstream)
         upstream_url = f"http://{HOST}:{upstream_port}/v1"
         direct = Target(BASELINE, upstream_url, None, upstream)
