@@ -11,8 +11,10 @@ rounds and quotes medians over rounds:
 - pending rewards: rewards posted (batches) for trajectories that do not exist yet, then the
   trajectories are recorded: the time until every reward is linked.
 
-    python bench/reward_ingest.py           # about a minute; writes docs/benchmarks.md
-    python bench/reward_ingest.py --quick   # smoke run, writes nothing
+    python -m bench.reward_ingest           # about a minute; writes docs/benchmarks.md
+    python -m bench.reward_ingest --quick   # smoke run, writes nothing
+
+Run from the repository root: the gateway and the fake upstream are started by the tests' helpers.
 
 $APPRENTICE_BENCH_PG_URL selects the server (default postgresql://postgres@127.0.0.1:5432/postgres).
 Only loopback addresses are used; every loop is bounded.
@@ -24,25 +26,21 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import httpx
+import orjson
+import psycopg
 
-import httpx  # noqa: E402
-import orjson  # noqa: E402
-import psycopg  # noqa: E402
-
-from bench.report import machine_line, markdown_table, write_section  # noqa: E402
-from gateway.rewards.signatures import sign  # noqa: E402
-from apprentice.store.schema import upgrade  # noqa: E402
-from tests.conftest import gateway_config  # noqa: E402
-from tests.support.processes import FakeUpstreamProcess, GatewayProcess  # noqa: E402
+from apprentice.store.schema import upgrade
+from bench.report import machine_line, markdown_table, write_section
+from bench.stats import percentile
+from gateway.rewards.signatures import sign
+from tests.conftest import gateway_config
+from tests.support.processes import FakeUpstreamProcess, GatewayProcess
 
 SECTION_TITLE = "Reward ingest"
 SECRET = "whsec_bench"
@@ -53,11 +51,6 @@ def database(name: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def post_all(base_url: str, bodies: list[bytes], concurrency: int, signed: bool = False) -> dict[str, float]:
@@ -94,7 +87,8 @@ async def post_all(base_url: str, bodies: list[bytes], concurrency: int, signed:
         raise RuntimeError(f"{failures} of {len(bodies)} requests failed")
     if transport_errors:
         print(f"  ({len(transport_errors)} transport errors, resent)", flush=True)
-    return {"elapsed": elapsed, "p50_ms": percentile(latencies, 0.5) * 1000, "p99_ms": percentile(latencies, 0.99) * 1000}
+    return {"elapsed": elapsed, "p50_ms": percentile(latencies, 0.5) * 1000,
+            "p99_ms": percentile(latencies, 0.99) * 1000}
 
 
 def record_trajectories(base_url: str, names: list[str]) -> list[str]:
@@ -150,13 +144,14 @@ def run_round(gateway: GatewayProcess, url: str, trajectories: list[str], sizes:
     pending_n = sizes["pending"]
     names = [f"{tag}-late-{i}" for i in range(sizes["late_trajectories"])]
     pending_bodies = [orjson.dumps({"rewards": [
-        {"client_trajectory_id": names[(b * 100 + i) % len(names)], "reward": 1.0, "name": f"p{(b * 100 + i) // len(names)}"}
+        {"client_trajectory_id": names[(b * 100 + i) % len(names)], "reward": 1.0,
+         "name": f"p{(b * 100 + i) // len(names)}"}
         for i in range(100)]}) for b in range(pending_n // 100)]
     asyncio.run(post_all(gateway.base_url, pending_bodies, 4))
     record_trajectories(gateway.base_url, names)
     recorded_at = time.perf_counter()
-    wait_until(lambda: count(url, "SELECT count(*) FROM trajectories") >= len(trajectories) + len(names) * (round_index + 1),
-               60)
+    expected_trajectories = len(trajectories) + len(names) * (round_index + 1)
+    wait_until(lambda: count(url, "SELECT count(*) FROM trajectories") >= expected_trajectories, 60)
     stored = time.perf_counter() - recorded_at
     linked = wait_until(lambda: count(url, "SELECT count(*) FROM rewards WHERE status = 'pending'") == 0, 120)
     results.update(link_s=stored + linked, link_per_s=pending_n / max(stored + linked, 1e-9))
@@ -211,12 +206,13 @@ def main() -> None:
          f"p50 {median['replay_p50_ms']:.1f} ms"],
         ["signed webhooks (HMAC + replay row), c=32", f"{median['signed_per_s']:.0f} rewards/s",
          f"p50 {median['signed_p50_ms']:.1f} ms"],
-        ["batches of 100, c=4", f"{median['batch_per_s']:.0f} rewards/s", f"p50 {median['batch_p50_ms']:.1f} ms a batch"],
+        ["batches of 100, c=4", f"{median['batch_per_s']:.0f} rewards/s",
+         f"p50 {median['batch_p50_ms']:.1f} ms a batch"],
         [f"{sizes['pending']} pending rewards linked when {sizes['late_trajectories']} trajectories land",
          f"{median['link_per_s']:.0f} rewards/s", f"{median['link_s']:.2f} s from the last call to all linked"],
     ]
     body = "\n\n".join([
-        "`python bench/reward_ingest.py` (one gateway process, auth open, local PostgreSQL; "
+        "`python -m bench.reward_ingest` (one gateway process, auth open, local PostgreSQL; "
         f"median of {rounds} rounds, {sizes['single']} single rewards a phase).",
         markdown_table(["phase", "throughput", "latency"], rows),
         "Single rewards are bound by the gateway's Python per request (one process); a batch is one "
