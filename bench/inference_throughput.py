@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,16 +21,11 @@ import time
 import httpx
 from openai import AsyncOpenAI
 
+from apprentice.processes import free_port
 from bench.report import machine_line, markdown_table, write_section
 
 TITLE = "Local inference server throughput"
 PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(model: str, port: int) -> subprocess.Popen:

@@ -26,7 +26,8 @@ def machine_line() -> str:
     import os
 
     return (f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} CPU cores, "
-            f"{platform.system()} {platform.machine()}, Python {platform.python_version()}, commit {commit or 'unknown'}.")
+            f"{platform.system()} {platform.machine()}, Python {platform.python_version()}, "
+            f"commit {commit or 'unknown'}.")
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
