@@ -41,8 +41,8 @@ import httpx
 import psycopg
 import yaml
 
+from apprentice.processes import free_port, wait_http
 from bench.report import machine_line, markdown_table, write_section
-from tests.support.processes import free_port, wait_http
 
 TITLE = "Promotion: training run end to canary traffic"
 ADMIN_KEY = "sk-bench-admin"
