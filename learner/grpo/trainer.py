@@ -13,7 +13,8 @@ The run, in order:
    memory stays bounded by one micro-batch.
 3. Each micro-batch: forward, GRPO loss, backward. A NaN or infinite loss or gradient norm
    aborts the whole run (NonFiniteLoss): no candidate may come out of it.
-4. Per step: clip the gradient norm, AdamW step.
+4. Per step: clip the gradient norm, AdamW step (the caller's optimizer when it gives one, so
+   that consecutive runs of a lineage continue one optimization).
 
 Only loss positions reach the LM head: the decoder's hidden states are gathered at those
 positions before the vocabulary projection, which saves most of the head's time and memory
@@ -156,9 +157,12 @@ class GRPOTrainer:
 
     def __init__(self, model: Any, config: TrainerConfig, *, start_version: str | None = None,
                  version_paths: dict[str, str] | None = None, fresh: bool = False, pad_token_id: int = 0,
-                 progress: bool = False) -> None:
+                 progress: bool = False, optimizer: torch.optim.Optimizer | None = None) -> None:
         self.model = model
         self.config = config
+        # Given by a long-lived learner (learner/jobs/session.py), so that its moments and step
+        # count carry over from run to run along the lineage; else a fresh AdamW per run.
+        self.optimizer = optimizer
         self.start_version = start_version
         self.version_paths = dict(version_paths or {})
         self.fresh = fresh  # the adapter is new (B = 0): old == base, no separate reference pass
@@ -187,7 +191,8 @@ class GRPOTrainer:
                   result: TrainResult) -> None:
         """The training loop: each optimizer step accumulates its micro-batches' gradients, clips, steps."""
         params = self._trainable_parameters()
-        optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        optimizer = self.optimizer or torch.optim.AdamW(params, lr=self.config.lr,
+                                                        weight_decay=self.config.weight_decay)
         steps = self._plan(sorted(rows_by_sample), {sample: len(rows) for sample, rows in rows_by_sample.items()})
         meter = _RunMeter()
         self.model.train()
