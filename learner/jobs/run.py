@@ -1,5 +1,12 @@
 """One learner run for one policy: lock, select, group, tokenize, train, record a candidate.
 
+A run continues the training lineage (apprentice.promotion.lineage): it trains from the lineage
+head -- the newest candidate or canary above the promoted version, else the promoted version,
+else the base model -- and its candidate records the head as parent_version_id. It trains only
+on data the head or its ancestors at most `max_staleness` versions back sampled (selection.py).
+The model, the lineage's LoRA and its optimizer live in a `PolicyTrainer` (session.py) that a
+long-lived learner keeps between runs; `run_once` without one makes a one-off trainer.
+
 Safety, in the order things happen:
 - One learner per policy at a time, across machines: a session-level PostgreSQL advisory lock
   keyed by the policy, held on the run's connection. A run that cannot take it returns "busy"
@@ -16,6 +23,9 @@ Safety, in the order things happen:
   data; the next run also deletes adapter directories that no version row refers to.
 - A NaN or infinite loss (or gradient) aborts the run: status "aborted", no candidate,
   nothing marked.
+- Whatever ends a run without its commit (a NaN, an error, a kill of the transaction), the
+  trainer's LoRA weights and optimizer state are restored to those of before the run
+  (PolicyTrainer.attempt), so the next run continues from exactly the head it names.
 """
 
 from __future__ import annotations
@@ -37,13 +47,14 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from apprentice.promotion import lifecycle
-from apprentice.promotion.status import VersionStatus
 from apprentice.settings import PolicySettings, Settings
 from learner.grpo.advantages import group_advantages
 from learner.grpo.grouping import Grouping, make_groups
-from learner.jobs.selection import Selection, Version, select
+from learner.jobs.selection import Selection, select
+from learner.jobs.session import PolicyTrainer, training_threads
 
 if TYPE_CHECKING:  # imported by the functions that train: they pull in torch
+    from apprentice.promotion.rows import AdapterVersion
     from learner.grpo.trainer import TrainResult, TrainSample
 
 log = logging.getLogger(__name__)
@@ -171,8 +182,10 @@ def _remove_orphan_adapters(connection: psycopg.Connection[Any], directory: Path
 # ------------------------------------------------------------------ the run
 
 def _grouping_metrics(grouping: Grouping, selection: Selection) -> dict[str, Any]:
+    head = selection.lineage.head
     return {"groups": grouping.counts(), "skipped_trajectories": dict(selection.skipped),
-            "candidates": len(selection.candidates), "waiting_unrewarded": len(selection.waiting)}
+            "stale_trajectories": selection.stale_counts, "candidates": len(selection.candidates),
+            "waiting_unrewarded": len(selection.waiting), "from_version": head.name if head else None}
 
 
 def _samples(grouping: Grouping, selection: Selection, tokenizer: Any, advantage: str,
@@ -205,11 +218,17 @@ def _samples(grouping: Grouping, selection: Selection, tokenizer: Any, advantage
 
 
 def run_once(settings: Settings, policy_name: str, *, trigger: str = "manual", progress: bool = False,
-             database_url: str | None = None) -> RunOutcome:
-    """One learner run for `policy_name` (see the module docstring). Never raises for a failed run."""
+             database_url: str | None = None, trainer: PolicyTrainer | None = None) -> RunOutcome:
+    """One learner run for `policy_name` (see the module docstring). Never raises for a failed run.
+
+    `trainer`: the policy's long-lived trainer (the scheduler keeps one per policy); without one
+    the run loads the model itself and its state is dropped at the end.
+    """
     policy = settings.policy(policy_name)
     if policy is None:
         raise ValueError(f"no policy named {policy_name!r} in the configuration")
+    if trainer is None:
+        trainer = PolicyTrainer(policy)
     learning = policy.learning
     if not learning.enabled:
         return RunOutcome("disabled", policy.name)
@@ -224,7 +243,7 @@ def run_once(settings: Settings, policy_name: str, *, trigger: str = "manual", p
                                         (policy.name,)).fetchone()
             if paused and paused[0]:
                 return RunOutcome("paused", policy.name)
-            return _locked_run(connection, settings, policy, trigger, progress)
+            return _locked_run(connection, settings, policy, trainer, trigger, progress)
         finally:
             connection.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(policy.name)))
 
@@ -235,6 +254,7 @@ class RunContext:
 
     connection: psycopg.Connection[Any]
     policy: PolicySettings
+    trainer: PolicyTrainer
     run_id: str
     selection: Selection
     grouping: Grouping
@@ -244,9 +264,15 @@ class RunContext:
     metrics: dict[str, Any]  # training_runs.metrics, filled as the run goes
 
     @property
+    def head(self) -> AdapterVersion | None:
+        """The version this run trains from (None: the base model)."""
+        return self.selection.lineage.head
+
+    @property
     def set_aside(self) -> list[str]:
-        """Trajectories of groups that carry no signal: consumed by a run that trains (or skips)."""
-        return [m.trajectory_id for g in self.grouping.set_aside() for m in g.members]
+        """Consumed by a run that trains (or skips) without training on them: trajectories of groups
+        that carry no signal, and trajectories sampled outside the lineage's staleness bound."""
+        return [m.trajectory_id for g in self.grouping.set_aside() for m in g.members] + list(self.selection.stale)
 
     @property
     def group_counts(self) -> dict[str, int]:
@@ -260,8 +286,8 @@ class RunContext:
         return RunOutcome("skipped", self.policy.name, self.run_id, metrics=self.metrics, error=reason)
 
 
-def _locked_run(connection: psycopg.Connection[Any], settings: Settings, policy: PolicySettings, trigger: str,
-                progress: bool) -> RunOutcome:
+def _locked_run(connection: psycopg.Connection[Any], settings: Settings, policy: PolicySettings,
+                trainer: PolicyTrainer, trigger: str, progress: bool) -> RunOutcome:
     learning = policy.learning
     started = time.monotonic()
     config = {"policy": policy.name, "base_model": policy.base_model, "learning": learning.model_dump(mode="json")}
@@ -273,7 +299,8 @@ def _locked_run(connection: psycopg.Connection[Any], settings: Settings, policy:
         selection = select(connection, policy.name, policy.base_model, learning)
         grouping = make_groups(selection.members, learning.min_group_size, selection.now, learning.reward_wait_s)
         metrics.update(_grouping_metrics(grouping, selection))
-        run = RunContext(connection, policy, run_id, selection, grouping, directory, progress, started, metrics)
+        run = RunContext(connection, policy, trainer, run_id, selection, grouping, directory, progress, started,
+                         metrics)
         if grouping.greedy:
             log.warning("policy %s: %d groups were sampled greedily (temperature 0 or identical answers) and "
                         "taught nothing; set the policy's temperature", policy.name, len(grouping.greedy))
@@ -294,70 +321,52 @@ def _locked_run(connection: psycopg.Connection[Any], settings: Settings, policy:
         return RunOutcome(status, policy.name, run_id, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
 
 
-def _load_model(policy: PolicySettings) -> tuple[Any, Any]:
-    from learner.models import load_base_model
-
-    learning = policy.learning
-    device = None if learning.device == "auto" else learning.device
-    dtype = None if learning.dtype == "auto" else learning.dtype
-    return load_base_model(policy.base_model, device=device, dtype=dtype)
-
-
 def _train_and_record(run: RunContext) -> RunOutcome:
-    """Train a LoRA on the usable groups (continuing the promoted version's), then record a candidate."""
+    """Train the lineage's LoRA on the usable groups, from the head, then record a candidate."""
     import torch
 
     learning = run.policy.learning
-    torch.manual_seed(learning.seed)
-    model, tokenizer = _load_model(run.policy)
-    samples, skipped = _samples(run.grouping, run.selection, tokenizer, learning.advantage, learning.min_group_size)
+    trainer = run.trainer
+    torch.set_num_threads(training_threads(learning))
+    loads = (trainer.base_loads, trainer.adapter_loads)
+    samples, skipped = _samples(run.grouping, run.selection, trainer.load_base(), learning.advantage,
+                                learning.min_group_size)
     run.metrics["tokenization_skipped"] = skipped
-    promoted = _promoted_version(run.selection)
-    peft_model = _lora_to_train(model, run.policy, promoted)
-    run.metrics.update({"device": str(next(peft_model.parameters()).device),
-                        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-                        "from_version": promoted.name if promoted else None})
-    result = _train(run, peft_model, samples, promoted, pad_token_id=tokenizer.pad_token_id or 0)
-    trained_ids = [sample.trajectory_id for sample in samples] if result.optimizer_steps else []
-    columns = _result_columns(run, samples, trained_ids, result, promoted)
-    if result.optimizer_steps == 0:
-        return run.skip("no trainable sample", columns)
-    return _save_and_record(run, peft_model, trained_ids, columns, promoted)
+    head = run.head
+    start = trainer.start_from(head)
+    run.metrics.update({"device": str(next(trainer.model.parameters()).device),
+                        "dtype": str(next(trainer.base.parameters()).dtype).replace("torch.", ""),
+                        "start": start, "threads": torch.get_num_threads(),
+                        "base_model_loaded": trainer.base_loads > loads[0],
+                        "adapter_loaded": trainer.adapter_loads > loads[1]})
+    with trainer.attempt():
+        torch.manual_seed(learning.seed)
+        result = _train(run, samples, head, fresh=head is None)
+        run.metrics["optimizer_steps_total"] = trainer.optimizer_steps()
+        trained_ids = [sample.trajectory_id for sample in samples] if result.optimizer_steps else []
+        columns = _result_columns(run, samples, trained_ids, result, head)
+        if result.optimizer_steps == 0:
+            return run.skip("no trainable sample", columns)
+        return _save_and_record(run, trained_ids, columns, head)
 
 
-def _promoted_version(selection: Selection) -> Version | None:
-    """The promoted version whose files still exist: training continues from its weights."""
-    return next((v for v in selection.versions.values()
-                 if v.status == VersionStatus.PROMOTED and not v.files_deleted), None)
-
-
-def _lora_to_train(model: Any, policy: PolicySettings, promoted: Version | None) -> Any:
-    from learner.grpo.adapters import continue_lora, new_lora
-
-    if promoted is not None:
-        return continue_lora(model, promoted.path)
-    learning = policy.learning
-    return new_lora(model, learning.lora_rank, learning.lora_alpha, learning.lora_target_modules,
-                    learning.lora_dropout)
-
-
-def _train(run: RunContext, peft_model: Any, samples: list[TrainSample], promoted: Version | None, *,
-           pad_token_id: int) -> TrainResult:
+def _train(run: RunContext, samples: list[TrainSample], head: AdapterVersion | None, *, fresh: bool) -> TrainResult:
     from learner.grpo.trainer import GRPOTrainer, TrainerConfig
 
-    trainer = GRPOTrainer(peft_model, TrainerConfig.from_settings(run.policy.learning),
-                          start_version=promoted.id if promoted else None,
-                          version_paths=run.selection.version_paths(), fresh=promoted is None,
-                          pad_token_id=pad_token_id, progress=run.progress)
+    trainer = GRPOTrainer(run.trainer.model, TrainerConfig.from_settings(run.policy.learning),
+                          start_version=str(head.id) if head else None, version_paths=run.selection.version_paths(),
+                          fresh=fresh, pad_token_id=run.trainer.tokenizer.pad_token_id or 0, progress=run.progress,
+                          optimizer=run.trainer.optimizer)
     result = trainer.train(samples)
     run.metrics["train"] = result.as_metrics()
-    # read by the promotion gates (apprentice.promotion.gates.kl_of): drift from the incumbent
+    # read by the promotion gates (apprentice.promotion.gates.kl_of): drift from the version this
+    # run started from, the lineage head (its parent)
     run.metrics["kl_to_incumbent"] = result.kl_to_start
     return result
 
 
 def _result_columns(run: RunContext, samples: list[TrainSample], trained_ids: list[str], result: TrainResult,
-                    promoted: Version | None) -> dict[str, Any]:
+                    head: AdapterVersion | None) -> dict[str, Any]:
     """The training_runs columns a run that trained fills in (besides status, metrics and timing)."""
     rewards = [s.reward for s in samples]
     return {**run.group_counts, "groups": len(run.grouping.usable), "trajectories": len(trained_ids),
@@ -366,12 +375,13 @@ def _result_columns(run: RunContext, samples: list[TrainSample], trained_ids: li
             "mean_reward": sum(rewards) / len(rewards) if rewards else None,
             # the signed mean of group-relative advantages is 0 by construction; the mean size says more
             "mean_advantage": sum(abs(s.advantage) for s in samples) / len(samples) if samples else None,
-            "from_version_id": promoted.id if promoted else None}
+            "from_version_id": str(head.id) if head else None}
 
 
-def _save_and_record(run: RunContext, peft_model: Any, trained_ids: list[str], columns: dict[str, Any],
-                     promoted: Version | None) -> RunOutcome:
-    """Save the adapter under the next version's name, then commit the candidate with the run's end."""
+def _save_and_record(run: RunContext, trained_ids: list[str], columns: dict[str, Any],
+                     head: AdapterVersion | None) -> RunOutcome:
+    """Save the adapter under the next version's name, then commit the candidate (child of the head)
+    with the run's end; the trainer then holds the new version."""
     from learner.grpo.adapters import save_adapter
 
     policy = run.policy
@@ -380,11 +390,11 @@ def _save_and_record(run: RunContext, peft_model: Any, trained_ids: list[str], c
     out_dir = run.directory / name
     if out_dir.exists():  # an orphan of a killed run (version rows always get a fresh number)
         shutil.rmtree(out_dir)
-    save_adapter(peft_model, out_dir, policy.base_model)
+    save_adapter(run.trainer.model, out_dir, policy.base_model)
     config = json.loads((out_dir / "adapter_config.json").read_text())
     candidate = lifecycle.NewCandidate(
         id=uuid.uuid4(), policy=policy.name, version=number, name=name, base_model=policy.base_model,
-        path=str(out_dir), parent_version_id=uuid.UUID(promoted.id) if promoted else None,
+        path=str(out_dir), parent_version_id=head.id if head else None,
         training_run_id=uuid.UUID(run.run_id), rank=int(config["r"]), alpha=float(config["lora_alpha"]),
         target_modules=list(config.get("target_modules") or []))
     run.metrics["duration_s"] = time.monotonic() - run.started
@@ -397,6 +407,7 @@ def _save_and_record(run: RunContext, peft_model: Any, trained_ids: list[str], c
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
         raise
+    run.trainer.commit(str(candidate.id))
     log.info("policy %s: run %s produced candidate %s (%d trajectories, %d groups, loss %.4f, %.1fs)", policy.name,
              run.run_id, name, len(trained_ids), len(run.grouping.usable), columns["loss"], run.metrics["duration_s"])
     return RunOutcome("succeeded", policy.name, run.run_id, str(candidate.id), name, str(out_dir),

@@ -11,6 +11,13 @@ yet, not merged into another, whose last call is within `max_age_s`; newest firs
   fallback to a hosted model) makes the trajectory no GRPO data: its tokens are not this
   model's, and its logprobs mean nothing here. Such trajectories are left untouched (kept for
   later uses such as distillation) and counted.
+- Sampled along the training lineage, not too long ago: every call was served by the lineage
+  head (apprentice.promotion.lineage: the version the run continues) or by one of its
+  ancestors at most `max_staleness` versions back along parent_version_id (the base model
+  is the root). A trajectory sampled elsewhere -- by a rejected branch ("off_lineage") or
+  further back ("too_stale") -- is never trained on: the run consumes it (marks it with its
+  id) and counts it by reason, so it does not pile up. What staleness remains within the
+  bound is corrected by the trainer's truncated importance weights (tis_cap).
 - Recent unrewarded trajectories are read too, only to learn their groups: a group whose
   rewards are still arriving waits (see grouping.classify).
 
@@ -26,6 +33,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from apprentice.promotion.lineage import ancestors, lineage_head
+from apprentice.promotion.rows import AdapterVersion
 from learner.grpo.grouping import Member, completion_key, is_greedy, task_key
 from learner.grpo.tokens import CallRecord, TokenizationError, parse_call
 
@@ -62,20 +71,23 @@ FROM calls c WHERE c.trajectory_id = ANY(%(ids)s::uuid[])
 ORDER BY c.trajectory_id, c.created_at, c.id
 """
 
-_VERSIONS = """
-SELECT id::text AS id, name, status, base_model, path, files_deleted_at IS NOT NULL AS files_deleted
-FROM adapter_versions WHERE policy = %(policy)s
-"""
+_VERSIONS = "SELECT * FROM adapter_versions WHERE policy = %(policy)s"
 
 
 @dataclass
 class Version:
+    """What selection and training need of a version, keyed by its id as text (as calls record it)."""
+
     id: str
     name: str
     status: str
     base_model: str
     path: str
     files_deleted: bool
+
+    @classmethod
+    def of(cls, row: AdapterVersion) -> Version:
+        return cls(str(row.id), row.name, row.status.value, row.base_model, row.path, row.files_deleted_at is not None)
 
 
 @dataclass
@@ -87,12 +99,43 @@ class Candidate:
 
 
 @dataclass
+class Lineage:
+    """The version a run continues and which versions' samples it may train on."""
+
+    head: AdapterVersion | None  # None: the base model
+    recent: set[str | None]  # the head and its ancestors within max_staleness (None: the base model)
+    older: set[str | None]  # its ancestors further back
+
+    @classmethod
+    def of(cls, rows: list[AdapterVersion], max_staleness: int) -> Lineage:
+        head = lineage_head(rows)
+        chain = [str(v) if v is not None else None for v in ancestors(head, rows, len(rows) + 1)]
+        return cls(head, set(chain[:max_staleness + 1]), set(chain[max_staleness + 1:]))
+
+    def staleness(self, calls: list[CallRecord]) -> str | None:
+        """None when every call was sampled within the bound, else why the trajectory cannot train."""
+        outside = {call.version for call in calls} - self.recent
+        if not outside:
+            return None
+        return "too_stale" if outside <= self.older else "off_lineage"
+
+
+@dataclass
 class Selection:
     now: float
     candidates: dict[str, Candidate] = field(default_factory=dict)
     waiting: list[Member] = field(default_factory=list)
     versions: dict[str, Version] = field(default_factory=dict)
+    lineage: Lineage = field(default_factory=lambda: Lineage(None, {None}, set()))
     skipped: dict[str, int] = field(default_factory=dict)
+    stale: dict[str, str] = field(default_factory=dict)  # trajectory id -> off_lineage | too_stale: consumed
+
+    @property
+    def stale_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for reason in self.stale.values():
+            counts[reason] = counts.get(reason, 0) + 1
+        return counts
 
     @property
     def members(self) -> list[Member]:
@@ -150,10 +193,10 @@ def build_candidate(trajectory: dict[str, Any], rows: list[dict[str, Any]], base
     return Candidate(member, calls), None
 
 
-def load_versions(connection: psycopg.Connection, policy: str) -> dict[str, Version]:
+def load_versions(connection: psycopg.Connection, policy: str) -> list[AdapterVersion]:
     with connection.cursor(row_factory=dict_row) as cursor:
         cursor.execute(_VERSIONS, {"policy": policy})
-        return {r["id"]: Version(**r) for r in cursor.fetchall()}
+        return [AdapterVersion.from_row(r) for r in cursor.fetchall()]
 
 
 def select(connection: psycopg.Connection, policy: str, base_model: str, learning: Any) -> Selection:
@@ -161,7 +204,9 @@ def select(connection: psycopg.Connection, policy: str, base_model: str, learnin
     with connection.cursor(row_factory=dict_row) as cursor:
         cursor.execute("SELECT extract(epoch FROM now())::float8 AS now")
         selection = Selection(now=cursor.fetchone()["now"])
-        selection.versions = load_versions(connection, policy)
+        rows = load_versions(connection, policy)
+        selection.versions = {str(row.id): Version.of(row) for row in rows}
+        selection.lineage = Lineage.of(rows, learning.max_staleness)
         params = {"policy": policy, "reward_name": learning.reward_name, "max_age_s": learning.max_age_s,
                   "limit": learning.max_trajectories, "wait_s": learning.reward_wait_s}
         cursor.execute(_REWARDED, params)
@@ -175,6 +220,8 @@ def select(connection: psycopg.Connection, policy: str, base_model: str, learnin
                                                 selection.versions)
             if candidate is None:
                 selection.skip(reason or "unknown")
+            elif (stale := selection.lineage.staleness(candidate.calls)) is not None:
+                selection.stale[trajectory["id"]] = stale
             else:
                 selection.candidates[trajectory["id"]] = candidate
         if learning.reward_wait_s > 0:
