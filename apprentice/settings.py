@@ -99,10 +99,12 @@ class ModelEntry(BaseModel):
 class PromotionSettings(BaseModel):
     """How a policy's new adapters reach traffic: gates, canary, evaluation, retention.
 
-    See docs/operations-promotion.md. `automatic`: the canary is promoted when its rewards are
-    significantly better than the promoted version's over the same period, rejected when
-    significantly worse, and rejected when `timeout_s` passes with no verdict. `reviewed`: the
-    comparison is computed and shown, an admin approves or rejects.
+    See docs/operations-promotion.md. The canary follows the training lineage (the newest gated
+    version serves as the canary). `automatic`: the canary is promoted when the lineage's rewards
+    are significantly better than the promoted version's over the same period, the lineage is
+    rejected when they, or the newest version's own, are significantly worse, and when
+    `timeout_s` passes with no verdict. `reviewed`: the comparison is computed and shown, an
+    admin approves or rejects; the lineage keeps training meanwhile.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -115,8 +117,11 @@ class PromotionSettings(BaseModel):
     # Rewarded trajectories needed in each arm before a verdict.
     min_samples: int = Field(default=30, ge=2)
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
-    # Interval on mean(canary) - mean(promoted): Welch's t, or a percentile bootstrap.
-    method: Literal["welch", "bootstrap"] = "welch"
+    # Interval on mean(lineage) - mean(promoted): the always-valid confidence sequence (valid at
+    # every tick's look), or the fixed-sample Welch's t or percentile bootstrap (one look only).
+    method: Literal["sequential", "welch", "bootstrap"] = "sequential"
+    # Automatic mode: a lineage with no verdict this long after its first canary started is
+    # rejected (a long time for continuous learning: `apprentice up` sets it long).
     timeout_s: float = Field(default=24 * 3600.0, gt=0)
     # Gate: the training run's KL to the incumbent (per token) must be at most this; None: no bound.
     kl_bound: float | None = Field(default=1.0, ge=0)

@@ -104,6 +104,8 @@ async def test_transitions_are_recorded_idempotent_and_guarded(db, engine):
         ("agent-v1", "promoted", "retired", "alice", "replaced by agent-v2"),
         ("agent-v2", "candidate", "promoted", "alice", None),
         ("agent-v2", "promoted", "retired", "carol", "replaced by agent-v1: v2 answers badly"),
+        # v3, a candidate newer than the version rolled back to, belonged to the line given up on
+        ("agent-v3", "candidate", "rejected", "carol", "lineage given up: rolled back to agent-v1"),
         ("agent-v1", "retired", "promoted", "carol", "v2 answers badly"),
     ]
 
@@ -153,7 +155,8 @@ async def test_gates_keep_bad_candidates_out_and_the_good_one_becomes_canary(db,
     good_old = add_version(db, 5, run=add_run(db))
     good = add_version(db, 6, run=add_run(db))
     report = await service.promotion_tick(engine, settings, client=client)
-    assert (status_of(db, good), status_of(db, good_old)) == ("canary", "rejected")
+    # the older passing version stays a candidate: in the lineage, the newest one's ancestor
+    assert (status_of(db, good), status_of(db, good_old)) == ("canary", "candidate")
     assert fake.loaded == {"agent-v6": "/adapters/v6"}
     assert db.execute("SELECT canary_share FROM adapter_versions WHERE id = %s", (good,)).fetchone()[0] == 0.3
 
@@ -192,7 +195,7 @@ async def test_automatic_and_reviewed_verdicts(db, engine, vllm, database_url):
     assert status_of(db, worse) == "rejected"
     reason = db.execute("SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = "
                         "'rejected'", (worse,)).fetchone()[0]
-    assert reason.startswith("canary significantly worse: mean difference -")
+    assert reason.startswith("lineage significantly worse: mean difference -")
 
     slow = add_version(db, 4, run=add_run(db))
     await service.promotion_tick(engine, automatic, client=client)
@@ -254,7 +257,8 @@ async def test_rollback_reconcile_and_retention(db, engine, vllm, database_url, 
         await service.rollback(engine, settings, "agent", str(v3), actor="alice", client=client)
     with pytest.raises(lifecycle.VersionNotFound):
         await service.rollback(engine, settings, "agent", "v9", actor="alice", client=client)
-    assert status_of(db, v5) == "candidate" and status_of(db, v4) == "rejected"
+    # v5, newer than the version rolled back to, was the line given up on: rejected with the rollback
+    assert status_of(db, v5) == "rejected" and status_of(db, v4) == "rejected"
 
 
 def test_the_learner_scheduler_runs_the_promotion_job(db, database_url):
@@ -288,3 +292,81 @@ async def test_reconciler_unload_cannot_undo_a_concurrent_rollback(db, engine, d
             service.rollback(engine, settings, "agent", "v1", actor="alice", client=client))
     assert status_of(db, v1) == "promoted"
     assert "agent-v1" in fake.loaded, "the promoted adapter must be loaded whatever the interleaving"
+
+
+async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_lineage_version(
+        db, engine, vllm, database_url):
+    from apprentice.promotion.lineage import lineage_head
+    from apprentice.promotion.status import VersionStatus
+
+    fake, client = vllm
+    rng = random.Random(11)
+    settings = settings_for(database_url)
+    v1 = add_version(db, 1, status="promoted")
+    fake.loaded["agent-v1"] = "/adapters/v1"
+    v2 = add_version(db, 2, run=add_run(db))
+    await service.promotion_tick(engine, settings, client=client)
+    assert status_of(db, v2) == "canary"
+    add_rewarded(db, v2, [rng.uniform(0.5, 1.0) for _ in range(8)])
+    add_rewarded(db, v1, [rng.uniform(0.0, 0.5) for _ in range(8)])
+    await service.promotion_tick(engine, settings, client=client)
+    assert status_of(db, v2) == "canary", "fewer than min_samples: no verdict"
+    started = db.execute("SELECT created_at FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = "
+                         "'canary'", (v2,)).fetchone()[0]
+
+    # a newer gated version of the lineage: loaded, then the canary moves to it with the same share
+    v3 = add_version(db, 3, run=add_run(db))
+    db.execute("UPDATE adapter_versions SET parent_version_id = %s WHERE id = %s", (v2, v3))
+    report = await service.promotion_tick(engine, settings, client=client)
+    assert (status_of(db, v2), status_of(db, v3)) == ("candidate", "canary")
+    assert {"agent-v2", "agent-v3"} <= set(fake.loaded), "the superseded canary stays loaded for the grace"
+    assert db.execute("SELECT canary_share FROM adapter_versions WHERE id = %s", (v3,)).fetchone()[0] == 0.3
+    assert ("agent-v3", "canary") in {(a["version"], a["action"]) for a in report.actions}
+    moves = db.execute("SELECT v.name, t.from_status, t.to_status, t.reason FROM adapter_transitions t JOIN "
+                       "adapter_versions v ON v.id = t.adapter_version_id WHERE t.created_at > %s ORDER BY t.id",
+                       (started,)).fetchall()
+    assert moves == [("agent-v2", "canary", "candidate", "superseded by agent-v3"),
+                     ("agent-v3", "candidate", "canary", "gates passed; the canary follows its lineage from agent-v2")]
+    evaluation = (await service.version_detail(engine, settings, v3)).version.evaluation
+    assert evaluation["canary_since"] == started.isoformat(), "the lineage's clock, not the latest move's"
+    assert evaluation["canary"]["n"] == 8 and evaluation["newest"]["canary"]["n"] == 0
+    assert evaluation["lineage"] == ["agent-v2", "agent-v3"]
+
+    # the lineage's evidence adds up: v2's eight and v3's eight against the promoted version's sixteen
+    add_rewarded(db, v3, [rng.uniform(0.5, 1.0) for _ in range(8)])
+    add_rewarded(db, v1, [rng.uniform(0.0, 0.5) for _ in range(8)])
+    await service.promotion_tick(engine, settings, client=client)
+    assert (status_of(db, v3), status_of(db, v1), status_of(db, v2)) == ("promoted", "retired", "candidate")
+    reason = db.execute("SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = "
+                        "'promoted'", (v3,)).fetchone()[0]
+    assert reason.startswith("lineage significantly better: mean difference +")
+
+    # the next lineage: its newest version alone significantly worse rejects the whole lineage
+    v4 = add_version(db, 4, run=add_run(db))
+    await service.promotion_tick(engine, settings, client=client)
+    v5 = add_version(db, 5, run=add_run(db))
+    await service.promotion_tick(engine, settings, client=client)
+    assert (status_of(db, v4), status_of(db, v5)) == ("candidate", "canary")
+    add_rewarded(db, v4, [rng.uniform(0.8, 1.0) for _ in range(20)])  # runs that stayed on v4
+    add_rewarded(db, v5, [rng.uniform(0.0, 0.2) for _ in range(12)])
+    add_rewarded(db, v3, [rng.uniform(0.4, 0.6) for _ in range(20)])
+    await service.promotion_tick(engine, settings, client=client)
+    assert (status_of(db, v4), status_of(db, v5), status_of(db, v3)) == ("rejected", "rejected", "promoted")
+    reasons = {r[0] for r in db.execute("SELECT reason FROM adapter_transitions WHERE to_status = 'rejected'")}
+    assert len(reasons) == 1 and reasons.pop().startswith("newest version agent-v5 significantly worse")
+    async with engine.connect() as connection:
+        versions = await lifecycle.versions_of(connection, "agent", tuple(VersionStatus))
+    assert lineage_head(versions).name == "agent-v3", "the learner starts again from the promoted version"
+
+    # reviewed: the canary keeps following the lineage, the verdict waits for the admin
+    reviewed = settings_for(database_url, mode="reviewed")
+    v6 = add_version(db, 6, run=add_run(db))
+    await service.promotion_tick(engine, reviewed, client=client)
+    v7 = add_version(db, 7, run=add_run(db))
+    report = await service.promotion_tick(engine, reviewed, client=client)
+    assert (status_of(db, v6), status_of(db, v7)) == ("candidate", "canary")
+    assert ("agent-v7", "awaiting_review") in {(a["version"], a["action"]) for a in report.actions}
+    # the admin's rejection of the canary rejects its lineage
+    result = await service.reject(engine, reviewed, "agent-v7", actor="alice")
+    assert [v.name for v in result.transition.side_effects] == ["agent-v6"]
+    assert (status_of(db, v6), status_of(db, v7)) == ("rejected", "rejected")

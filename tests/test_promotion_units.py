@@ -77,6 +77,35 @@ def test_compare_and_decide():
     assert json.loads(json.dumps(better.as_json()))["interval"]["low"] > 0
 
 
+def test_sequential_compare_and_the_lineage_decision():
+    rng = random.Random(2)
+    good = [float(rng.random() < 0.8) for _ in range(200)]
+    bad = [float(rng.random() < 0.4) for _ in range(200)]
+    better = ev.compare(good, bad, method="sequential", min_samples=10, reward_range=(0.0, 1.0))
+    assert better.verdict == ev.BETTER and better.interval.df is None
+    # wider than Welch's at the same confidence: the price of looking at every tick
+    welch = ev.compare(good, bad, method="welch", min_samples=10)
+    assert better.interval.high - better.interval.low > welch.interval.high - welch.interval.low
+    # no declared range: the observed one (here the same, 0..1)
+    assert ev.compare(good, bad, method="sequential", min_samples=10).interval == better.interval
+    worse = ev.compare(bad, good, method="sequential", min_samples=10)
+    unclear = ev.compare(good[:12], bad[:12], method="sequential", min_samples=10)
+    few = ev.compare(good[:3], bad, method="sequential", min_samples=10)
+    assert (worse.verdict, unclear.verdict, few.verdict) == (ev.WORSE, ev.INCONCLUSIVE, ev.INSUFFICIENT)
+    constant = ev.compare([1.0] * 20, [1.0] * 20, method="sequential", min_samples=10)
+    assert constant.verdict == ev.INCONCLUSIVE
+
+    def decide(lineage, newest, mode="automatic", elapsed=0.0):
+        return ev.decide_lineage(lineage, newest, mode=mode, elapsed_s=elapsed, timeout_s=100)
+
+    assert decide(better, few) == ev.PROMOTE
+    assert decide(better, unclear) == ev.PROMOTE
+    assert decide(better, worse) == ev.REJECT, "the newest version alone must not be significantly worse"
+    assert decide(worse, few) == ev.REJECT
+    assert decide(unclear, few) == ev.WAIT and decide(unclear, few, elapsed=100) == ev.TIMEOUT
+    assert decide(better, few, mode="reviewed") == decide(worse, worse, mode="reviewed") == ev.REVIEW
+
+
 # ---------------------------------------------------------------- gates
 
 A_RUN = TrainingRun(id=uuid.uuid4(), policy="agent", status="succeeded", trigger="manual", host=None, pid=None,
@@ -120,7 +149,7 @@ def test_transition_table():
     allowed = {(a, b) for a in lifecycle.STATUSES for b in lifecycle.STATUSES if lifecycle.is_allowed(a, b)}
     assert allowed == {("candidate", "canary"), ("candidate", "promoted"), ("canary", "promoted"),
                        ("retired", "promoted"), ("promoted", "retired"), ("candidate", "rejected"),
-                       ("canary", "rejected")}
+                       ("canary", "rejected"), ("canary", "candidate")}  # the last: superseded in its lineage
 
 
 def test_retention_plan_keeps_last_k_and_everything_ever_promoted():

@@ -1,16 +1,21 @@
-"""Is the canary better than the promoted version? Rewards of the two arms, compared.
+"""Is the canary's lineage better than the promoted version? Rewards of the arms, compared.
 
-The arms: trajectories of the policy whose first call was served by the canary, and those
-served by the incumbent (the promoted version, or the base model when none is promoted),
-both since the canary started, so that both arms saw the same period's traffic. Each
+The arms: trajectories of the policy whose first call was served by a version of the live
+lineage (the canary and the versions it superseded), and those served by the incumbent (the
+promoted version, or the base model when none is promoted), both since the lineage's first
+canary started, so that both arms saw the same period's traffic. A third arm, the newest
+version's own trajectories since it became the canary, is compared with the incumbent too: the
+version a promotion would make serve must not be significantly worse on its own. Each
 trajectory counts once, with its *current* reward of the configured name (status 'linked',
 not superseded).
 
-The statistic: an interval on mean(canary) - mean(incumbent) at the policy's confidence,
-either Welch's t interval (unequal variances; closed form, deterministic, good for bounded
-rewards once each arm has a few dozen samples) or a percentile bootstrap (no normality
-assumption; seeded, so repeatable). Significantly better: the whole interval is above 0;
-significantly worse: below 0. Nothing is decided before each arm has `min_samples`.
+The statistic: an interval on mean(arm) - mean(incumbent), either the always-valid confidence
+sequence of `sequential` (method "sequential", the default: valid although the job looks at
+every tick) or a fixed-sample interval, Welch's t (closed form, deterministic) or a percentile
+bootstrap (seeded, so repeatable); these two are only valid for a single look and inflate false
+verdicts when acted on at the first look that excludes 0. Significantly better: the whole
+interval is above 0; significantly worse: below 0. Nothing is decided before each arm has
+`min_samples`.
 
 The statistics are pure functions (no database) and are unit-tested against known values.
 """
@@ -28,6 +33,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from apprentice.promotion.sequential import ArmSummary, confidence_sequence
 from apprentice.store.tables import rewards, trajectories
 
 BETTER, WORSE, INCONCLUSIVE, INSUFFICIENT = "better", "worse", "inconclusive", "insufficient"
@@ -178,12 +184,28 @@ class Comparison:
         return data
 
 
+def sequential_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95,
+                        reward_range: tuple[float, float] | None = None) -> Interval:
+    """The always-valid interval for mean(a) - mean(b) at alpha = 1 - confidence.
+
+    The reward range scales the mixture and bounds the variance: the policy's declared range
+    when set, else the smallest range holding every observed reward (both arms)."""
+    if reward_range is None:
+        values = [*a, *b]
+        reward_range = (min(values), max(values)) if values else (0.0, 1.0)
+    found = confidence_sequence(ArmSummary.of(a), ArmSummary.of(b), alpha=1.0 - confidence, reward_range=reward_range)
+    return Interval(found.difference, found.low, found.high)
+
+
 def compare(canary: Sequence[float], incumbent: Sequence[float], *, method: str = "welch",
-            confidence: float = 0.95, min_samples: int = 30, seed: int = 0) -> Comparison:
+            confidence: float = 0.95, min_samples: int = 30, seed: int = 0,
+            reward_range: tuple[float, float] | None = None) -> Comparison:
     stats = ArmStats.of(canary), ArmStats.of(incumbent)
     if len(canary) < max(2, min_samples) or len(incumbent) < max(2, min_samples):
         return Comparison(*stats, method, confidence, min_samples, INSUFFICIENT)
-    if method == "welch":
+    if method == "sequential":
+        interval = sequential_interval(canary, incumbent, confidence, reward_range)
+    elif method == "welch":
         interval = welch_interval(canary, incumbent, confidence)
     elif method == "bootstrap":
         interval = bootstrap_interval(canary, incumbent, confidence, seed=seed)
@@ -201,6 +223,24 @@ def decide(comparison: Comparison, *, mode: str, elapsed_s: float, timeout_s: fl
         return PROMOTE
     if comparison.verdict == WORSE:
         return REJECT
+    return TIMEOUT if elapsed_s >= timeout_s else WAIT
+
+
+def decide_lineage(lineage: Comparison, newest: Comparison, *, mode: str, elapsed_s: float, timeout_s: float) -> str:
+    """The lineage's verdict: a loss of the lineage or of its newest version rejects the
+    lineage, a gain of the lineage (the newest version not worse) promotes the newest version.
+
+        worse(lineage) or worse(newest)  -> reject
+        better(lineage)                  -> promote
+        elapsed >= timeout               -> timeout (reject)
+        otherwise                        -> wait
+    """
+    if mode != "automatic":
+        return REVIEW
+    if lineage.verdict == WORSE or newest.verdict == WORSE:
+        return REJECT
+    if lineage.verdict == BETTER:
+        return PROMOTE
     return TIMEOUT if elapsed_s >= timeout_s else WAIT
 
 
@@ -224,3 +264,43 @@ async def arm_rewards(connection: AsyncConnection, policy: str, canary_id: uuid.
             continue
         (canary if version_id == canary_id else incumbent).append(float(value))
     return canary, incumbent
+
+
+@dataclass(frozen=True)
+class LineageRewards:
+    """The rewards `evaluate_canary` compares: the lineage's arm and the incumbent's since the
+    lineage's first canary started; the newest version's own arm and the incumbent's since the
+    newest version became the canary (the same period for both arms of each comparison)."""
+
+    lineage: list[float]
+    incumbent: list[float]
+    newest: list[float]
+    incumbent_since_newest: list[float]
+
+
+async def lineage_rewards(connection: AsyncConnection, policy: str, lineage_ids: Sequence[uuid.UUID],
+                          newest_id: uuid.UUID, newest_since: datetime, incumbent_id: uuid.UUID | None,
+                          since: datetime, reward_name: str = "reward") -> LineageRewards:
+    """Current rewards of the lineage's, the newest version's and the incumbent's trajectories."""
+    lineage = set(lineage_ids) | {newest_id}
+    query = (select(trajectories.c.adapter_version_id, trajectories.c.first_call_at, rewards.c.value)
+             .join(rewards, (rewards.c.trajectory_id == trajectories.c.id) & (rewards.c.name == reward_name)
+                   & (rewards.c.status == "linked") & rewards.c.superseded_at.is_(None))
+             .where(trajectories.c.policy == policy, trajectories.c.merged_into.is_(None),
+                    trajectories.c.first_call_at >= since,
+                    trajectories.c.adapter_version_id.in_(lineage)
+                    | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id)))
+    found = LineageRewards([], [], [], [])
+    for version_id, first_call_at, value in await connection.execute(query):
+        if value is None or not math.isfinite(value):
+            continue
+        since_newest = first_call_at >= newest_since
+        if version_id in lineage:
+            found.lineage.append(float(value))
+            if version_id == newest_id and since_newest:
+                found.newest.append(float(value))
+        else:
+            found.incumbent.append(float(value))
+            if since_newest:
+                found.incumbent_since_newest.append(float(value))
+    return found

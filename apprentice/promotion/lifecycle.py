@@ -34,15 +34,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from apprentice.promotion.lineage import LINEAGE_STATUSES, lineage_versions
 from apprentice.promotion.rows import AdapterVersion, PolicyState, Transition
 from apprentice.promotion.status import ALLOWED, SERVING, VersionStatus
 from apprentice.store.tables import adapter_transitions, adapter_versions, policy_state
 
 __all__ = ["ALLOWED", "NOTIFY_CHANNEL", "SERVING", "STATUSES", "NewCandidate", "Prepare", "Serving", "TransitionError",
            "TransitionResult", "VersionNotFound", "VersionStatus", "candidate_rows", "files_deleted", "find_version",
-           "get_version", "is_allowed", "last_transition_at", "learning_paused", "lock_policy", "next_version_number",
-           "policy_states", "promote", "record_candidate", "refusal", "reject", "rollback", "serving_versions",
-           "set_learning_paused", "start_canary", "transition", "transitions_of", "update_jsonb", "versions_of"]
+           "get_version", "is_allowed", "last_transition_at", "learning_paused", "lineage_started_at", "lock_policy",
+           "next_version_number", "policy_states", "promote", "record_candidate", "refusal", "reject",
+           "reject_lineage", "rollback", "serving_versions", "set_learning_paused", "start_canary",
+           "supersede_canary", "transition", "transitions_of", "update_jsonb", "versions_of"]
 
 STATUSES: tuple[VersionStatus, ...] = tuple(VersionStatus)
 
@@ -171,6 +173,25 @@ async def last_transition_at(connection: AsyncConnection, version_id: uuid.UUID,
         query = query.where(adapter_transitions.c.to_status == to_status.value)
     last: datetime | None = (await connection.execute(query)).scalar()
     return last
+
+
+async def lineage_started_at(connection: AsyncConnection, policy: str) -> datetime | None:
+    """When the live lineage's first canary started: the earliest transition to canary of any
+    lineage version (None: no lineage version has served yet).
+
+    Derived from `adapter_transitions` rather than stored on the canary: the rows are written
+    in the transactions that move the canary, so the start cannot drift from the history, and a
+    promotion or a rejected lineage starts the next lineage's clock with no extra bookkeeping
+    (its versions are new, or newer than the promoted one, so none of them was a canary before).
+    """
+    lineage = lineage_versions(await versions_of(connection, policy, (*LINEAGE_STATUSES, VersionStatus.PROMOTED)))
+    if not lineage:
+        return None
+    started: datetime | None = (await connection.execute(
+        select(func.min(adapter_transitions.c.created_at)).where(
+            adapter_transitions.c.adapter_version_id.in_([v.id for v in lineage]),
+            adapter_transitions.c.to_status == VersionStatus.CANARY.value))).scalar()
+    return started
 
 
 async def transitions_of(connection: AsyncConnection, version_id: uuid.UUID) -> list[Transition]:
@@ -313,9 +334,63 @@ async def transition(engine: AsyncEngine, version_id: uuid.UUID, to_status: Vers
         if to_status is VersionStatus.PROMOTED and serving.promoted is not None:
             side.append(await _record(connection, serving.promoted, VersionStatus.RETIRED, actor,
                                       f"replaced by {version.name}" + (f": {reason}" if reason else "")))
+        if to_status is VersionStatus.PROMOTED and version.status is VersionStatus.RETIRED:
+            # A rollback: the versions newer than the one that serves again descend from the
+            # line given up on; left as candidates they would be the lineage the learner continues.
+            for newer in await versions_of(connection, policy, LINEAGE_STATUSES):
+                if newer.version > version.version:
+                    side.append(await _record(connection, newer, VersionStatus.REJECTED, actor,
+                                              f"lineage given up: rolled back to {version.name}"))
         updated = await _record(connection, version, to_status, actor, reason,
                                 _values_for(to_status, canary_share, evaluation))
     return TransitionResult(updated, changed=True, from_status=version.status, side_effects=side, prepared=prepared)
+
+
+async def supersede_canary(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, reason: str | None = None,
+                           prepare: Prepare | None = None) -> TransitionResult:
+    """Move the canary on to a newer version of its lineage, in one locked transaction.
+
+    The newer version (a candidate) becomes the canary with the old canary's share; the old
+    canary goes back to candidate ("superseded": it stays in the lineage, as the parent of what
+    followed). Both changes get their `adapter_transitions` row. With no canary, or a canary that
+    is not older, it raises instead of starting one: two processes racing to start and to move
+    a canary cannot both succeed. `prepare(version)` loads the newer adapter before anything
+    changes.
+    """
+    policy = await _policy_of(engine, version_id)
+    async with engine.begin() as connection:
+        await lock_policy(connection, policy)
+        version = await get_version(connection, version_id, lock=True)
+        if version.status is VersionStatus.CANARY:
+            return TransitionResult(version, changed=False, from_status=version.status)
+        if version.status is not VersionStatus.CANDIDATE:
+            raise refusal(version, VersionStatus.CANARY, {VersionStatus.CANDIDATE})
+        if (deleted := files_deleted(version)) is not None:
+            raise deleted
+        old = (await serving_versions(connection, policy)).canary
+        if old is None:
+            raise TransitionError(f"policy {policy!r} has no canary for {version.name} to supersede",
+                                  current=version.status)
+        if old.version >= version.version:
+            raise TransitionError(f"{version.name} is not newer than the canary {old.name}", current=version.status)
+        prepared = await prepare(version) if prepare is not None else None
+        retired = await _record(connection, old, VersionStatus.CANDIDATE, actor, f"superseded by {version.name}")
+        updated = await _record(connection, version, VersionStatus.CANARY, actor, reason,
+                                {"canary_share": old.canary_share, "evaluation": old.evaluation})
+    return TransitionResult(updated, changed=True, from_status=version.status, side_effects=[retired],
+                            prepared=prepared)
+
+
+async def reject_lineage(engine: AsyncEngine, policy: str, *, actor: str, reason: str) -> list[AdapterVersion]:
+    """Reject every version of the live lineage (candidates and the canary newer than the
+    promoted version) in one locked transaction, all with one reason; returns them.
+
+    The lineage head then falls back to the promoted version, so the learner's next run starts
+    from it again (see `lineage`)."""
+    async with engine.begin() as connection:
+        await lock_policy(connection, policy)
+        lineage = lineage_versions(await versions_of(connection, policy, (*LINEAGE_STATUSES, VersionStatus.PROMOTED)))
+        return [await _record(connection, version, VersionStatus.REJECTED, actor, reason) for version in lineage]
 
 
 async def start_canary(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, share: float,

@@ -11,20 +11,26 @@ afterwards.
 `promotion_tick(engine, settings)` is the periodic job (the learner's scheduler calls it,
 e.g. every 30 s; it is safe to run from several processes at once):
 
-1. candidates: gates (run succeeded, loss finite, KL under the bound); failures are
-   rejected (actor "auto"); with `auto_canary` and no canary running, the newest passing
-   candidate becomes the canary at the policy's `canary_share` (older ones are rejected as
-   superseded);
-2. the canary: its rewards are compared with the promoted version's over the canary period
-   and the comparison stored in `adapter_versions.evaluation`; an `automatic` policy
-   promotes a significantly better canary, rejects a significantly worse one, and rejects
-   one that reaches `timeout_s` without a verdict; a `reviewed` policy waits for an admin;
+1. the lineage (`lineage`: the candidates newer than the promoted version, each trained from
+   the one before): gates (run succeeded, loss finite, KL under the bound) as versions
+   arrive; failures are rejected (actor "auto"). The canary follows the lineage: with
+   `auto_canary` and no canary running, the newest passing version becomes the canary at the
+   policy's `canary_share`; with a canary running, a newer passing version is loaded at every
+   endpoint and takes the canary's place (the old canary goes back to candidate, superseded);
+2. the canary: the lineage's rewards (every lineage version's trajectories since the
+   lineage's first canary started) and the canary's own are compared with the promoted
+   version's over the same periods (`evaluation`, by default the always-valid sequential
+   test) and the comparison stored in `adapter_versions.evaluation`; an `automatic` policy
+   promotes the canary (the newest gated version) when the lineage is significantly better,
+   rejects the whole lineage when it or the canary alone is significantly worse, or when
+   `timeout_s` passes without a verdict; a `reviewed` policy waits for an admin (the lineage
+   keeps training and the canary keeps following it);
 3. the reconciler: serving versions missing at an endpoint (restarted server) are loaded
    again; retired and rejected versions past the grace period are unloaded;
 4. retention: files of old, never-promoted versions are deleted.
 
-A paused policy (admin "pause") gets no automatic canary starts or promotions; a
-significantly worse canary is still rejected.
+A paused policy (admin "pause") gets no automatic canary starts, moves or promotions; a
+significantly worse lineage is still rejected.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from apprentice.promotion import evaluation as ev
 from apprentice.promotion import lifecycle, loading
 from apprentice.promotion.gates import FAIL, PASS, GateReport, evaluate_gates, json_number
 from apprentice.promotion.lifecycle import TransitionError, TransitionResult, VersionNotFound
+from apprentice.promotion.lineage import lineage_head, lineage_versions, promoted_version
+from apprentice.promotion.provenance import Provenance, provenance
 from apprentice.promotion.retention import apply_retention
 from apprentice.promotion.rows import AdapterVersion, PolicyState, TrainingRun, Transition
 from apprentice.promotion.status import SERVING, VersionStatus
@@ -55,9 +63,9 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 
 __all__ = ["AUTO", "ActionResult", "CanaryEvaluation", "PolicyNotConfigured", "PolicySummary", "TickReport",
-           "TransitionError", "VersionDetail", "VersionNotFound", "approve", "check_gates", "evaluate_canary",
-           "list_policies", "list_versions", "promote_now", "promotion_tick", "reconcile", "reject", "rollback",
-           "run_promotion_tick", "set_paused", "version_detail"]
+           "TransitionError", "VersionDetail", "VersionListing", "VersionNotFound", "approve", "check_gates",
+           "evaluate_canary", "list_policies", "list_versions", "promote_now", "promotion_tick", "reconcile", "reject",
+           "rollback", "run_promotion_tick", "set_paused", "version_detail", "version_listing"]
 
 CANDIDATE, CANARY, PROMOTED = VersionStatus.CANDIDATE, VersionStatus.CANARY, VersionStatus.PROMOTED
 RETIRED, REJECTED = VersionStatus.RETIRED, VersionStatus.REJECTED
@@ -177,6 +185,19 @@ async def _start_canary(engine: AsyncEngine, settings: Settings, version: Adapte
     return ActionResult(result, result.prepared or [], gates)
 
 
+async def _supersede_canary(engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, actor: str,
+                            reason: str, client: httpx.AsyncClient | None) -> ActionResult:
+    """Load a newer lineage version at every endpoint, then make it the canary in place of the
+    current one (which goes back to candidate; it stays loaded until the reconciler's grace)."""
+    policy = policy_settings(settings, version.policy)
+
+    async def load(locked: AdapterVersion) -> list[loading.EndpointOutcome]:
+        return await _load(policy, locked, client)
+
+    result = await lifecycle.supersede_canary(engine, version.id, actor=actor, reason=reason, prepare=load)
+    return ActionResult(result, result.prepared or [])
+
+
 async def _promote(engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, actor: str,
                    reason: str | None, client: httpx.AsyncClient | None,
                    from_statuses: tuple[VersionStatus, ...] | None = None, force: bool = False) -> ActionResult:
@@ -220,10 +241,20 @@ async def promote_now(engine: AsyncEngine, settings: Settings, ref: str | uuid.U
 
 async def reject(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID, *, actor: str,
                  reason: str | None = None) -> ActionResult:
+    """The admin's no. Rejecting the canary rejects its whole lineage (the versions it grew
+    from and those trained on top of it), as an automatic loss does: the learner starts again
+    from the promoted version. Any other version is rejected alone."""
     version = await lifecycle.find_version(engine, ref)
     policy_settings(settings, version.policy)
     _precheck(version, REJECTED)
-    return ActionResult(await lifecycle.reject(engine, version.id, actor=actor, reason=reason or "rejected"))
+    reason = reason or "rejected"
+    if version.status == CANARY:
+        rejected = await lifecycle.reject_lineage(engine, version.policy, actor=actor, reason=reason)
+        mine = next((v for v in rejected if v.id == version.id), None)
+        if mine is not None:
+            others = [v for v in rejected if v.id != version.id]
+            return ActionResult(TransitionResult(mine, changed=True, from_status=CANARY, side_effects=others))
+    return ActionResult(await lifecycle.reject(engine, version.id, actor=actor, reason=reason))
 
 
 async def rollback(engine: AsyncEngine, settings: Settings, policy: str, ref: str | uuid.UUID, *, actor: str,
@@ -245,7 +276,7 @@ async def set_paused(engine: AsyncEngine, settings: Settings, policy: str, pause
 
 @dataclass(frozen=True)
 class CanaryEvaluation:
-    """The canary's comparison with the promoted version, and what an automatic policy does now."""
+    """The lineage's comparison with the promoted version, and what an automatic policy does now."""
 
     decision: str  # evaluation.PROMOTE | REJECT | TIMEOUT | WAIT | REVIEW
     document: dict[str, Any]  # stored in adapter_versions.evaluation (JSON-safe numbers)
@@ -264,22 +295,38 @@ class CanaryEvaluation:
 
 async def evaluate_canary(engine: AsyncEngine, settings: Settings, version: AdapterVersion,
                           now: datetime | None = None) -> CanaryEvaluation:
-    """Compare the canary's rewards with the promoted version's since the canary started."""
+    """Compare the canary's lineage, and the canary alone, with the promoted version.
+
+    The lineage's arm runs from its first canary start (`lifecycle.lineage_started_at`), not
+    from the latest move of the canary, so the evidence gathered by the versions the canary
+    superseded keeps counting; the canary's own arm runs from when it became the canary. The
+    top-level `canary`, `incumbent` and `interval` of the document are the lineage's
+    comparison; `newest` holds the canary's own.
+    """
     policy = policy_settings(settings, version.policy)
     promotion = policy.promotion
     reward_name = policy.learning.reward_name
     now = now or _now()
     async with engine.connect() as connection:
-        since = await lifecycle.last_transition_at(connection, version.id, CANARY) or version.updated_at
-        incumbent = (await lifecycle.serving_versions(connection, version.policy)).promoted
-        canary, base = await ev.arm_rewards(connection, version.policy, version.id,
-                                            incumbent.id if incumbent else None, since, reward_name)
-    comparison = ev.compare(canary, base, method=promotion.method, confidence=promotion.confidence,
-                            min_samples=promotion.min_samples)
+        newest_since = await lifecycle.last_transition_at(connection, version.id, CANARY) or version.updated_at
+        since = min(await lifecycle.lineage_started_at(connection, version.policy) or newest_since, newest_since)
+        versions = await lifecycle.versions_of(connection, version.policy, (CANDIDATE, CANARY, PROMOTED))
+        incumbent = promoted_version(versions)
+        lineage = lineage_versions(versions)
+        found = await ev.lineage_rewards(connection, version.policy, [v.id for v in lineage], version.id, newest_since,
+                                         incumbent.id if incumbent else None, since, reward_name)
+    options: dict[str, Any] = {"method": promotion.method, "confidence": promotion.confidence,
+                               "min_samples": promotion.min_samples, "reward_range": policy.reward_range}
+    comparison = ev.compare(found.lineage, found.incumbent, **options)
+    newest = ev.compare(found.newest, found.incumbent_since_newest, **options)
     elapsed = (now - since).total_seconds()
-    decision = ev.decide(comparison, mode=promotion.mode, elapsed_s=elapsed, timeout_s=promotion.timeout_s)
+    decision = ev.decide_lineage(comparison, newest, mode=promotion.mode, elapsed_s=elapsed,
+                                 timeout_s=promotion.timeout_s)
     document = {**comparison.as_json(), "verdict": comparison.verdict, "decision": decision, "mode": promotion.mode,
-                "canary_since": since.isoformat(), "elapsed_s": round(elapsed, 3), "timeout_s": promotion.timeout_s,
+                "canary_since": since.isoformat(), "newest_since": newest_since.isoformat(),
+                "newest": {**newest.as_json(), "verdict": newest.verdict, "version": version.name},
+                "lineage": [v.name for v in lineage if v.id != version.id] + [version.name],
+                "elapsed_s": round(elapsed, 3), "timeout_s": promotion.timeout_s,
                 "timed_out": elapsed >= promotion.timeout_s,
                 "incumbent_version_id": str(incumbent.id) if incumbent else None,
                 "incumbent_name": incumbent.name if incumbent else None,
@@ -367,49 +414,71 @@ class _PolicyPass:
     paused: bool  # an admin paused the policy: no automatic canary starts or promotions
 
     async def run(self) -> None:
-        await self.gate_candidates()
+        await self.gate_lineage()
         await self.judge_canary()
         await reconcile(self.engine, self.policy, report=self.report, client=self.client, now=self.now)
         await self.apply_retention()
 
-    # 1. gates, then the newest passing candidate becomes the canary
-    async def gate_candidates(self) -> None:
+    # 1. gates on the lineage as it grows, and the canary follows its newest passing version
+    async def gate_lineage(self) -> None:
+        async with self.engine.connect() as connection:
+            versions = await lifecycle.versions_of(connection, self.policy.name, (CANDIDATE, CANARY, PROMOTED))
+        canary = next((v for v in versions if v.status == CANARY), None)
         passing = []
-        for version in await self._versions(CANDIDATE):
+        for version in lineage_versions(versions):
+            if version.status != CANDIDATE:
+                continue
+            if version.gates.get("outcome") == PASS:  # a finished run's gates do not change: not checked again
+                passing.append(version)
+                continue
             gates = await check_gates(self.engine, self.settings, version)
             if gates.outcome == FAIL:
                 await self._reject(version, CANDIDATE, "gates failed: " + "; ".join(gates.failures()))
             elif gates.outcome == PASS:
                 passing.append(version)
-        if passing and await self._may_start_a_canary():
-            await self._start_canary(newest=passing[-1], superseded=passing[:-1])
+        if not passing or self.paused:
+            return
+        newest = passing[-1]
+        if canary is None and self.policy.promotion.auto_canary:
+            await self._start_canary(newest)
+        elif canary is not None and newest.version > canary.version:
+            await self._move_canary(canary, newest)
 
-    async def _may_start_a_canary(self) -> bool:
-        if self.paused or not self.policy.promotion.auto_canary:
-            return False
-        return not await self._versions(CANARY)
-
-    async def _start_canary(self, newest: AdapterVersion, superseded: list[AdapterVersion]) -> None:
+    async def _start_canary(self, newest: AdapterVersion) -> None:
         share = self.policy.promotion.canary_share
         try:
             result = await _start_canary(self.engine, self.settings, newest, actor=AUTO, client=self.client,
                                          reason=f"gates passed; canary at {share:.0%} of new trajectories")
         except loading.LoadError as exc:
-            self.report.errors.append(f"{self.policy.name}: {exc}")
-            if exc.permanent:  # no adapter at the path, wrong base, rank too high: retrying won't help
-                await self._reject(newest, CANDIDATE, f"could not be loaded: {exc}")
-            else:
-                self.report.add(self.policy.name, newest.name, "load_failed", str(exc))
+            await self._load_failed(newest, exc)
             return
         except TransitionError as exc:  # an admin acted meanwhile
             self.report.add(self.policy.name, newest.name, "unchanged", str(exc))
             return
         self.report.add(self.policy.name, newest.name, "canary" if result.transition.changed else "unchanged",
                         ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints))
-        for older in superseded:
-            await self._reject(older, CANDIDATE, f"superseded by the newer candidate {newest.name}")
 
-    # 2. the canary's evaluation and the automatic verdict
+    async def _move_canary(self, canary: AdapterVersion, newest: AdapterVersion) -> None:
+        try:
+            result = await _supersede_canary(self.engine, self.settings, newest, actor=AUTO, client=self.client,
+                                             reason=f"gates passed; the canary follows its lineage from {canary.name}")
+        except loading.LoadError as exc:
+            await self._load_failed(newest, exc)
+            return
+        except TransitionError as exc:  # an admin acted meanwhile
+            self.report.add(self.policy.name, newest.name, "unchanged", str(exc))
+            return
+        self.report.add(self.policy.name, newest.name, "canary" if result.transition.changed else "unchanged",
+                        f"superseded {canary.name}; " + ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints))
+
+    async def _load_failed(self, version: AdapterVersion, exc: loading.LoadError) -> None:
+        self.report.errors.append(f"{self.policy.name}: {exc}")
+        if exc.permanent:  # no adapter at the path, wrong base, rank too high: retrying won't help
+            await self._reject(version, CANDIDATE, f"could not be loaded: {exc}")
+        else:
+            self.report.add(self.policy.name, version.name, "load_failed", str(exc))
+
+    # 2. the lineage's evaluation and the automatic verdict
     async def judge_canary(self) -> None:
         canaries = await self._versions(CANARY)
         if not canaries:
@@ -419,15 +488,24 @@ class _PolicyPass:
         await lifecycle.update_jsonb(self.engine, canary.id, "evaluation", evaluation.document)
         summary = evaluation.summary
         if evaluation.decision == ev.PROMOTE and not self.paused:
-            await self._promote(canary, f"canary significantly better: {summary}", summary)
-        elif evaluation.decision == ev.REJECT:
-            await self._reject(canary, CANARY, f"canary significantly worse: {summary}")
+            await self._promote(canary, f"lineage significantly better: {summary}", summary)
+        elif evaluation.decision == ev.REJECT and evaluation.document["verdict"] == ev.WORSE:
+            await self._reject_lineage(f"lineage significantly worse: {summary}")
+        elif evaluation.decision == ev.REJECT:  # the lineage is not, the newest version alone is worse
+            newest = evaluation.document["newest"]["interval"]
+            await self._reject_lineage(f"newest version {canary.name} significantly worse: mean difference "
+                                       f"{newest['difference']:+.4f}, interval [{newest['low']:+.4f}, "
+                                       f"{newest['high']:+.4f}]")
         elif evaluation.decision == ev.TIMEOUT:
             timeout = self.policy.promotion.timeout_s
-            await self._reject(canary, CANARY, f"no significant difference within {timeout:g}s: {summary}")
+            await self._reject_lineage(f"no significant difference within {timeout:g}s: {summary}")
         else:
             waiting = "evaluating" if evaluation.decision == ev.WAIT else "awaiting_review"
             self.report.add(self.policy.name, canary.name, waiting, summary)
+
+    async def _reject_lineage(self, reason: str) -> None:
+        for version in await lifecycle.reject_lineage(self.engine, self.policy.name, actor=AUTO, reason=reason):
+            self.report.add(self.policy.name, version.name, "rejected", reason)
 
     async def _promote(self, canary: AdapterVersion, reason: str, summary: str) -> None:
         try:
@@ -467,14 +545,16 @@ class _PolicyPass:
 
 async def reconcile(engine: AsyncEngine, policy: PolicySettings, *, report: TickReport | None = None,
                     client: httpx.AsyncClient | None = None, now: datetime | None = None) -> TickReport:
-    """Load serving versions where an endpoint lost them; unload retired/rejected ones after the grace."""
+    """Load serving versions where an endpoint lost them; unload the others (retired, rejected,
+    superseded canaries) after the grace."""
     report = report or TickReport()
     if not policy.endpoints:
         return report
     now = now or _now()
     api_key = resolve_secret(policy.api_key)
     async with engine.connect() as connection:
-        versions = await lifecycle.versions_of(connection, policy.name, (CANARY, PROMOTED, RETIRED, REJECTED))
+        # every status: a canary the lineage moved past is a candidate again, loaded until the grace ends
+        versions = await lifecycle.versions_of(connection, policy.name, tuple(VersionStatus))
         last = {row[0]: row[1] for row in await connection.execute(
             select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
             .where(adapter_transitions.c.policy == policy.name).group_by(adapter_transitions.c.adapter_version_id))}
@@ -526,6 +606,8 @@ class PolicySummary:
     promoted: AdapterVersion | None
     canary: AdapterVersion | None
     candidates: int
+    lineage: list[AdapterVersion]  # the live lineage, oldest first (`lineage.lineage_versions`)
+    lineage_head: AdapterVersion | None  # what the next learner run continues; None: the base model
 
     @property
     def learning_paused(self) -> bool:
@@ -543,6 +625,17 @@ class VersionDetail:
     version: AdapterVersion
     training_run: TrainingRun | None
     transitions: list[Transition]
+    provenance: Provenance
+    lineage_head: AdapterVersion | None
+
+
+@dataclass(frozen=True)
+class VersionListing:
+    """A policy's versions, newest first, each with its provenance, and the lineage's head."""
+
+    versions: list[AdapterVersion]
+    provenance: dict[uuid.UUID, Provenance]
+    lineage_head: AdapterVersion | None
 
 
 async def list_policies(engine: AsyncEngine, settings: Settings) -> list[PolicySummary]:
@@ -553,8 +646,10 @@ async def list_policies(engine: AsyncEngine, settings: Settings) -> list[PolicyS
     for policy in settings.policies:
         own = [version for version in versions if version.policy == policy.name]
         by_status = {version.status: version for version in own if version.status.serving}
+        lineage = lineage_versions(own)
         summaries.append(PolicySummary(policy, states.get(policy.name), by_status.get(PROMOTED),
-                                       by_status.get(CANARY), sum(1 for v in own if v.status == CANDIDATE)))
+                                       by_status.get(CANARY), sum(1 for v in lineage if v.status == CANDIDATE),
+                                       lineage, lineage_head(own)))
     return summaries
 
 
@@ -567,13 +662,26 @@ async def list_versions(engine: AsyncEngine, settings: Settings, policy: str,
     return versions[::-1]
 
 
+async def version_listing(engine: AsyncEngine, settings: Settings, policy: str,
+                          status: VersionStatus | None = None) -> VersionListing:
+    """`list_versions` with each version's parent, lineage membership, samples and samplers."""
+    policy_settings(settings, policy)
+    async with engine.connect() as connection:
+        every = await lifecycle.versions_of(connection, policy, tuple(VersionStatus))
+        shown = [v for v in every if status is None or v.status == status][::-1]
+        found = await provenance(connection, shown, every)
+    return VersionListing(shown, found, lineage_head(every))
+
+
 async def version_detail(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID) -> VersionDetail:
     """A version with its training run, gates, canary statistics (live for a canary) and transitions."""
     version = await lifecycle.find_version(engine, ref)
     async with engine.connect() as connection:
         transitions = await lifecycle.transitions_of(connection, version.id)
+        every = await lifecycle.versions_of(connection, version.policy, tuple(VersionStatus))
+        found = (await provenance(connection, [version], every))[version.id]
     run = await training_run_of(engine, version)
     if version.status == CANARY and settings.policy(version.policy) is not None:
         live = await evaluate_canary(engine, settings, version)
         version = dataclasses.replace(version, evaluation=live.document)
-    return VersionDetail(version, run, transitions)
+    return VersionDetail(version, run, transitions, found, lineage_head(every))

@@ -1,6 +1,8 @@
 """The statuses of an adapter version and which transitions between them are allowed.
 
     candidate -> canary -> promoted -> retired -> promoted (rollback)
+        |   ^      |
+        |   +------+  canary -> candidate: superseded by a newer version of its lineage
         |          |
         +----------+--> rejected            candidate -> promoted ("promote now")
 
@@ -39,11 +41,13 @@ class VersionStatus(str, Enum):
 SERVING: frozenset[VersionStatus] = frozenset({VersionStatus.CANARY, VersionStatus.PROMOTED})
 
 # to_status <- the statuses it may be entered from. "retired" is only ever entered as the side
-# effect of another version's promotion; "rejected" is final; "candidate" is only ever the first.
+# effect of another version's promotion; "rejected" is final; "candidate" is the first status,
+# and a canary goes back to it only when the canary moves on to a newer version of its lineage
+# (`lifecycle.supersede_canary`, which makes that newer version the canary in the same transaction).
 ALLOWED: dict[VersionStatus, frozenset[VersionStatus]] = {
     VersionStatus.CANARY: frozenset({VersionStatus.CANDIDATE}),
     VersionStatus.PROMOTED: frozenset({VersionStatus.CANDIDATE, VersionStatus.CANARY, VersionStatus.RETIRED}),
     VersionStatus.RETIRED: frozenset({VersionStatus.PROMOTED}),
     VersionStatus.REJECTED: frozenset({VersionStatus.CANDIDATE, VersionStatus.CANARY}),
-    VersionStatus.CANDIDATE: frozenset(),
+    VersionStatus.CANDIDATE: frozenset({VersionStatus.CANARY}),
 }
