@@ -7,6 +7,7 @@ inside the command bodies only.
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -45,13 +46,18 @@ def learn_command(config_path: str | None, policy: str, progress: bool, log_leve
 @click.option("--policy", "policies", multiple=True, help="Only these policies (repeatable; default: all).")
 @click.option("--promotion-interval", type=float, default=30.0, show_default=True,
               help="Seconds between promotion passes (gates, canaries, endpoints, retention); 0: none here.")
+@click.option("--nice", "niceness", type=click.IntRange(0, 19), default=10, show_default=True,
+              help="Lower this process's CPU priority by this much: on a machine that also serves, requests "
+                   "come first and training takes the slack.")
 @click.option("--log-level", default="info", show_default=True)
-def learner_command(config_path: str | None, policies: tuple[str, ...], promotion_interval: float,
+def learner_command(config_path: str | None, policies: tuple[str, ...], promotion_interval: float, niceness: int,
                     log_level: str) -> None:
     """Run the learner service: each policy on its schedule and its new-groups trigger."""
     from learner.jobs.scheduler import Learner
 
     setup_logging(log_level)
+    if niceness:
+        os.nice(niceness)  # the whole learner process (training and promotion ticks) yields to serving
     settings = load(config_path)
     try:
         learner = Learner(settings, list(policies) or None, promotion_interval_s=promotion_interval or None)

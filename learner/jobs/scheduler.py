@@ -4,7 +4,12 @@ Per policy, from `policies[].learning`:
 - `schedule`: seconds between runs, or a cron string (APScheduler's IntervalTrigger or
   CronTrigger.from_crontab);
 - `min_new_groups`: every `trigger_poll_s`, count the groups of rewarded trajectories not yet
-  trained on, and run as soon as there are at least that many.
+  trained on, and run as soon as there are at least that many; then run again at once, back to
+  back, while each run produces a candidate and at least that many new groups still wait (a run
+  that produced nothing waits for the next poll: the same data would not do better at once).
+Each policy has one long-lived `PolicyTrainer` (session.py): its base model, the lineage's
+LoRA and its optimizer stay in memory from run to run, so a run costs its new data, not a
+model load, and consecutive runs continue one optimization.
 All runs go through one worker thread, so two policies never train at once on this machine
 (they would share its CPU or GPU) and a slow run delays the next instead of piling up
 (max_instances=1, coalesce). Across machines, run_once's advisory lock keeps one learner per
@@ -28,6 +33,7 @@ import psycopg
 from apprentice.settings import PolicySettings, Settings
 from learner.jobs.run import RunOutcome, learner_database_url, run_once
 from learner.jobs.selection import count_new_groups
+from learner.jobs.session import PolicyTrainer
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +55,15 @@ class Learner:
             if policy.learning.enabled:
                 self.policies.append(policy)
         self.url = learner_database_url(settings, database_url)
+        self.trainers = {policy.name: PolicyTrainer(policy) for policy in self.policies}
         self._run_lock = threading.Lock()  # one training at a time on this machine
         self.outcomes: list[RunOutcome] = []
         self.scheduler: Any = None
 
     def run(self, policy: str, trigger: str) -> RunOutcome | None:
         with self._run_lock:
-            outcome = run_once(self.settings, policy, trigger=trigger, database_url=self.url)
+            outcome = run_once(self.settings, policy, trigger=trigger, database_url=self.url,
+                               trainer=self.trainers.get(policy))
         self.outcomes.append(outcome)
         if outcome.status == "succeeded" and self.promotion_interval_s is not None:
             self.promote([policy])  # the new candidate's gates and canary start now, not at the next tick
@@ -78,15 +86,20 @@ class Learner:
         return report
 
     def check_trigger(self, policy: PolicySettings) -> RunOutcome | None:
-        """Run if at least `min_new_groups` groups of rewarded, untrained trajectories wait."""
+        """Run while at least `min_new_groups` groups of rewarded, untrained trajectories wait and each
+        run produces a candidate; returns the last run's outcome (None: no run)."""
         wanted = policy.learning.min_new_groups
         if wanted is None:
             return None
-        with psycopg.connect(self.url, autocommit=True) as connection:
-            waiting = count_new_groups(connection, policy.name, policy.learning)
-        if waiting < wanted:
-            return None
-        return self.run(policy.name, f"min_new_groups:{waiting}")
+        outcome = None
+        while True:
+            with psycopg.connect(self.url, autocommit=True) as connection:
+                waiting = count_new_groups(connection, policy.name, policy.learning)
+            if waiting < wanted:
+                return outcome
+            outcome = self.run(policy.name, f"min_new_groups:{waiting}")
+            if outcome is None or outcome.status != "succeeded":
+                return outcome
 
     def build(self, blocking: bool = True) -> Any:
         """An APScheduler scheduler with this learner's jobs (not started)."""
