@@ -23,7 +23,7 @@ from gateway.http.errors import GatewayError
 from gateway.journal.shipper import JournalShipper
 from gateway.journal.writer import JournalWriter
 from gateway.policies.notifications import AdapterNotifications
-from gateway.policies.versions import PolicyVersions
+from gateway.policies.versions import PolicyVersions, sticky_graces
 from gateway.rewards.linker import RewardLinker
 from gateway.store.calls import insert_call_lines, stitch_pending
 from gateway.trajectories.stitching import StitchIndex
@@ -55,7 +55,8 @@ class GatewayState:
         self.stitch_index = StitchIndex(max_entries=settings.stitching.max_open_trajectories,
                                         ttl_s=settings.stitching.open_window_s)
         self.open_key = KeyInfo(id=None, name="open", tenant=settings.auth.open_tenant, role="admin")
-        self.versions = PolicyVersions(self.engine, poll_interval_s=settings.adapter_poll_interval_s)
+        self.versions = PolicyVersions(self.engine, poll_interval_s=settings.adapter_poll_interval_s,
+                                       sticky_grace_s=sticky_graces(settings.policies))
         self.adapter_notifications = AdapterNotifications(database_url, self.versions.wake)
         self.session: aiohttp.ClientSession | None = None
         self.instance_secret = b""

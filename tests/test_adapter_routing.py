@@ -67,3 +67,35 @@ def test_promoted_canary_split_and_switch(start_gateway, fake_upstream, db):
     time.sleep(0.8)
     assert run(clients, "after rollback", turns=2) == ["agent-v1", "agent-v1"]
     wait_for(lambda: count_rows(db, "SELECT count(*) FROM trajectories WHERE adapter_version_id = %s", v2) >= 12)
+
+
+def test_a_run_keeps_the_superseded_canary_for_half_the_unload_grace(start_gateway, fake_upstream, db):
+    policy = {"name": "agent", "base_model": "fake-base", "endpoints": [fake_upstream.api_base],
+              "promotion": {"unload_grace_s": 3.0}}  # a run keeps a stopped version for 1.5 s
+    gateway = start_gateway(policies=[policy], adapter_poll_interval_s=0.1)
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
+    add_version(db, "agent", 1, "promoted")
+    v2 = add_version(db, "agent", 2, "canary", share=1.0)
+    time.sleep(0.5)
+
+    def start(task: str) -> list[dict]:
+        messages = [{"role": "user", "content": task}]
+        completion = client.chat.completions.create(model="agent", messages=messages)
+        assert completion.model == "agent-v2"
+        return messages + [completion.choices[0].message.model_dump(exclude_none=True)]
+
+    def go_on(messages: list[dict]) -> str:
+        messages.append({"role": "user", "content": "go on"})
+        completion = client.chat.completions.create(model="agent", messages=messages)
+        messages.append(completion.choices[0].message.model_dump(exclude_none=True))
+        return completion.model
+
+    early, late = start("started on the canary"), start("also started on the canary")
+    # the canary moves on to v3 (v2 back to candidate), as the promotion job does
+    db.execute("UPDATE adapter_versions SET status = 'candidate', canary_share = NULL WHERE id = %s", (v2,))
+    add_version(db, "agent", 3, "canary", share=1.0)
+    time.sleep(0.5)
+    assert go_on(early) == "agent-v2", "a run keeps the version it started on"
+    assert run([client], "a new run", turns=1) == ["agent-v3"], "new runs go to the new canary"
+    time.sleep(1.5)
+    assert go_on(late) == "agent-v3", "past the grace the run follows the canary (the adapter may be unloading)"

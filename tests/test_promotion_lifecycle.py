@@ -370,3 +370,38 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
     result = await service.reject(engine, reviewed, "agent-v7", actor="alice")
     assert [v.name for v in result.transition.side_effects] == ["agent-v6"]
     assert (status_of(db, v6), status_of(db, v7)) == ("rejected", "rejected")
+
+
+def test_the_admin_api_shows_the_lineage_and_what_each_version_trained_on(start_gateway, fake_upstream, db):
+    import httpx
+
+    gateway = start_gateway(policies=[{"name": "agent", "base_model": "base", "endpoints": [fake_upstream.api_base]}])
+    v1 = add_version(db, 1, status="promoted")
+    v2 = add_version(db, 2, status="candidate", run=add_run(db))
+    v3 = add_version(db, 3, status="canary", run=(run3 := add_run(db)))
+    db.execute("UPDATE adapter_versions SET parent_version_id = %s WHERE id = %s", (v1, v2))
+    db.execute("UPDATE adapter_versions SET parent_version_id = %s WHERE id = %s", (v2, v3))
+    db.execute("UPDATE training_runs SET samples = 48 WHERE id = %s", (run3,))
+    add_rewarded(db, v1, [0.5] * 3)
+    add_rewarded(db, v2, [0.5] * 2)
+    add_rewarded(db, None, [0.5])
+    db.execute("UPDATE trajectories SET trained_in_run_id = %s", (run3,))
+
+    def get(path: str) -> dict:
+        response = httpx.get(f"{gateway.base_url}/admin{path}", timeout=30)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    policy = get("/policies/agent")
+    assert [v["name"] for v in policy["lineage"]] == ["agent-v2", "agent-v3"]
+    assert policy["lineage_head"]["name"] == "agent-v3" and policy["candidates"] == 1
+    detail = get("/versions/agent-v3")
+    assert detail["parent"] == {"id": str(v2), "name": "agent-v2"}
+    assert detail["lineage"] is True and detail["lineage_head"] == "agent-v3" and detail["samples"] == 48
+    assert [(s["name"], s["trajectories"]) for s in detail["sampled_by"]] == [
+        ("agent-v1", 3), ("agent-v2", 2), (None, 1)]
+    listing = {v["name"]: v for v in get("/policies/agent/versions")["data"]}
+    assert listing["agent-v1"]["lineage"] is False and listing["agent-v1"]["parent"] is None
+    assert listing["agent-v2"]["parent"]["name"] == "agent-v1" and listing["agent-v2"]["sampled_by"] == []
+    assert listing["agent-v3"]["sampled_by"] == detail["sampled_by"]
+    assert get("/policies")["data"][0]["lineage_head"]["name"] == "agent-v3"

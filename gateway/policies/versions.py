@@ -12,6 +12,12 @@ share the messages before the first assistant turn, so the canary split hashes t
 (or the client's trajectory id): every process and replica puts a run's calls on the same
 version with no shared state. The stitch index also remembers the version of each open
 trajectory, so a run keeps its version across a transition while it stays on one process.
+
+A run keeps the version it started on when the canary moves on to a newer version of its
+lineage (or any version stops serving): this process remembers when each version it served
+stopped serving, and keeps a sticky run on it for `sticky_grace_s` of its policy afterwards.
+The promotion job unloads a version only `unload_grace_s` after it stopped serving, so a grace
+of half that leaves the endpoints holding the adapter for every call routed to it.
 """
 
 from __future__ import annotations
@@ -19,19 +25,31 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apprentice.promotion.status import SERVING, VersionStatus
+from apprentice.settings import PolicySettings
 from apprentice.store.tables import adapter_versions
 from gateway.workers import PeriodicWorker
 
 log = logging.getLogger(__name__)
 
 SERVING_STATUSES = tuple(sorted(status.value for status in SERVING))
+
+# A run stays on a version that stopped serving for this share of the policy's unload grace:
+# the rest is margin for gateways that learn of the change late and calls still in flight.
+STICKY_SHARE_OF_UNLOAD_GRACE = 0.5
+
+
+def sticky_graces(policies: Iterable[PolicySettings]) -> dict[str, float]:
+    """Each policy's grace for runs on a version that stopped serving."""
+    return {policy.name: STICKY_SHARE_OF_UNLOAD_GRACE * policy.promotion.unload_grace_s for policy in policies}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +76,15 @@ class PolicyServing:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class StoppedVersion:
+    """A version this process saw serving a policy, and when (monotonic clock) it stopped."""
+
+    policy: str
+    version: ServingVersion
+    stopped_at: float
+
+
 def bucket(key: bytes) -> float:
     """A uniform number in [0, 1): the same key lands in the same arm everywhere.
 
@@ -67,10 +94,14 @@ def bucket(key: bytes) -> float:
 
 
 class PolicyVersions:
-    def __init__(self, engine: AsyncEngine, *, poll_interval_s: float) -> None:
+    def __init__(self, engine: AsyncEngine, *, poll_interval_s: float,
+                 sticky_grace_s: Mapping[str, float] | None = None) -> None:
         self.engine = engine
         self.poll_interval_s = poll_interval_s
+        # policy -> how long a run stays on a version after it stopped serving (0: not at all)
+        self.sticky_grace_s = dict(sticky_grace_s or {})
         self._serving: dict[str, PolicyServing] = {}
+        self._stopped: dict[uuid.UUID, StoppedVersion] = {}
         self.loaded = asyncio.Event()
         self.worker = PeriodicWorker("adapter-version-poll", self.refresh, interval_s=poll_interval_s)
 
@@ -102,8 +133,23 @@ class PolicyVersions:
                 else:
                     entry["canary"] = version
                     entry["canary_share"] = float(row.canary_share or 0.0)
-        self._serving = {policy: PolicyServing(**entry) for policy, entry in serving.items()}  # type: ignore[arg-type]
+        fresh = {policy: PolicyServing(**entry) for policy, entry in serving.items()}  # type: ignore[arg-type]
+        self._remember_stopped(self._serving, fresh, time.monotonic())
+        self._serving = fresh
         self.loaded.set()
+
+    def _remember_stopped(self, before: dict[str, PolicyServing], after: dict[str, PolicyServing],
+                          now: float) -> None:
+        """Note the versions that served before and do not now; forget those past their grace
+        and those that serve again."""
+        serving_now = {v.id for entry in after.values() for v in (entry.promoted, entry.canary) if v is not None}
+        for policy, entry in before.items():
+            for version in (entry.promoted, entry.canary):
+                if version is not None and version.id not in serving_now and version.id not in self._stopped:
+                    self._stopped[version.id] = StoppedVersion(policy, version, now)
+        self._stopped = {version_id: stopped for version_id, stopped in self._stopped.items()
+                         if version_id not in serving_now
+                         and now - stopped.stopped_at < self.sticky_grace_s.get(stopped.policy, 0.0)}
 
     def serving(self, policy: str) -> PolicyServing:
         return self._serving.get(policy) or PolicyServing()
@@ -114,6 +160,17 @@ class PolicyVersions:
         serving = self.serving(policy)
         if sticky_known and serving.is_serving(sticky_version):
             return serving.by_id(sticky_version)
+        if sticky_known and sticky_version is not None and (kept := self._still_kept(policy, sticky_version)):
+            return kept
         if serving.canary is not None and bucket(split_key) < serving.canary_share:
             return serving.canary
         return serving.promoted
+
+    def _still_kept(self, policy: str, version_id: uuid.UUID) -> ServingVersion | None:
+        """A version that stopped serving less than the policy's grace ago (a run keeps it)."""
+        stopped = self._stopped.get(version_id)
+        if stopped is None or stopped.policy != policy:
+            return None
+        if time.monotonic() - stopped.stopped_at >= self.sticky_grace_s.get(policy, 0.0):
+            return None
+        return stopped.version

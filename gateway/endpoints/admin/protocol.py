@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from apprentice.promotion.service import ActionResult, PolicySummary, VersionDetail
+from apprentice.promotion.provenance import Provenance
+from apprentice.promotion.rows import AdapterVersion
+from apprentice.promotion.service import ActionResult, PolicySummary, VersionDetail, VersionListing
 from apprentice.promotion.status import VersionStatus
 
 
@@ -42,7 +44,14 @@ class PolicyOut(BaseModel):
     promoted: VersionBrief | None = Field(description="Serves every trajectory the canary does not; "
                                                       "none: the base model serves.")
     canary: VersionBrief | None = Field(description="Serves `canary_share` of new trajectories.")
-    candidates: int = Field(description="Versions waiting for their gates or a canary slot.")
+    candidates: int = Field(description="Candidates of the live lineage (the canary's ancestors and the versions "
+                                        "still waiting for their gates or to become the canary).")
+    lineage: list[VersionBrief] = Field(description="The live lineage, oldest first: the candidates and the canary "
+                                                    "newer than the promoted version, each trained from the one "
+                                                    "before.")
+    lineage_head: VersionBrief | None = Field(description="The version the learner's next run continues: the newest "
+                                                          "of the lineage, else the promoted version; none: the base "
+                                                          "model.")
 
     @classmethod
     def of(cls, summary: PolicySummary) -> PolicyOut:
@@ -52,7 +61,9 @@ class PolicyOut(BaseModel):
                    paused_by=summary.paused_by,
                    promoted=VersionBrief.model_validate(summary.promoted) if summary.promoted else None,
                    canary=VersionBrief.model_validate(summary.canary) if summary.canary else None,
-                   candidates=summary.candidates)
+                   candidates=summary.candidates,
+                   lineage=[VersionBrief.model_validate(v) for v in summary.lineage],
+                   lineage_head=VersionBrief.model_validate(summary.lineage_head) if summary.lineage_head else None)
 
 
 class PolicyListOut(BaseModel):
@@ -120,18 +131,57 @@ class VersionOut(_FromRow):
     updated_at: datetime
 
 
+class SamplerOut(BaseModel):
+    version_id: uuid.UUID | None = Field(description="None: the base model sampled them.")
+    name: str | None = Field(description="The sampling version's LoRA name; None: the base model.")
+    trajectories: int = Field(description="How many of the trajectories the version trained on it sampled.")
+
+
+class ParentOut(BaseModel):
+    id: uuid.UUID
+    name: str
+
+
+class VersionLineageOut(VersionOut):
+    """A version with where it came from: its parent, the lineage, what it trained on."""
+
+    parent: ParentOut | None = Field(description="The version it was trained from; none: the base model.")
+    lineage: bool = Field(description="Whether it is in the live lineage (a candidate or the canary newer than "
+                                      "the promoted version).")
+    lineage_head: str | None = Field(description="The LoRA name of the policy's lineage head (the version the next "
+                                                 "learner run continues); none: the base model.")
+    samples: int | None = Field(description="The samples its training run took (none: no run recorded).")
+    sampled_by: list[SamplerOut] = Field(description="The versions that sampled the trajectories it trained on, "
+                                                     "most first.")
+
+    @classmethod
+    def parts(cls, version: AdapterVersion, found: Provenance, head: AdapterVersion | None) -> dict[str, Any]:
+        parent = found.parent
+        return {**dict(VersionOut.model_validate(version)),
+                "parent": ParentOut(id=parent.id, name=parent.name) if parent is not None else None,
+                "lineage": found.in_lineage, "lineage_head": head.name if head is not None else None,
+                "samples": found.samples,
+                "sampled_by": [SamplerOut(version_id=s.version_id, name=s.name, trajectories=s.trajectories)
+                               for s in found.sampled_by]}
+
+
 class VersionListOut(BaseModel):
     object: Literal["list"] = "list"
-    data: list[VersionOut]
+    data: list[VersionLineageOut]
+
+    @classmethod
+    def of(cls, listing: VersionListing) -> VersionListOut:
+        return cls(data=[VersionLineageOut(**VersionLineageOut.parts(v, listing.provenance[v.id], listing.lineage_head))
+                         for v in listing.versions])
 
 
-class VersionDetailOut(VersionOut):
+class VersionDetailOut(VersionLineageOut):
     training_run: TrainingRunOut | None = Field(description="The `training_runs` row that produced it.")
     transitions: list[TransitionOut]
 
     @classmethod
     def of(cls, detail: VersionDetail) -> VersionDetailOut:
-        return cls(**dict(VersionOut.model_validate(detail.version)),
+        return cls(**VersionLineageOut.parts(detail.version, detail.provenance, detail.lineage_head),
                    training_run=TrainingRunOut.model_validate(detail.training_run) if detail.training_run else None,
                    transitions=[TransitionOut.model_validate(t) for t in detail.transitions])
 
@@ -168,7 +218,8 @@ class ActionOut(BaseModel):
     changed: bool = Field(description="False when the version already had the asked status (nothing written).")
     from_status: VersionStatus
     version: VersionOut
-    retired: list[VersionBrief] = Field(description="Versions retired by this promotion.")
+    retired: list[VersionBrief] = Field(description="Versions that changed status with it: the version a promotion "
+                                                    "retired, the lineage a rollback or a canary's rejection rejected.")
     endpoints: list[EndpointOutcomeOut] = Field(description="Where the adapter was loaded and verified.")
     gates: dict[str, Any] | None = None
 

@@ -26,7 +26,6 @@ from gateway.endpoints.admin.protocol import (
     RollbackIn,
     VersionDetailOut,
     VersionListOut,
-    VersionOut,
 )
 from gateway.http.errors import GatewayError
 from gateway.state import GatewayState
@@ -57,7 +56,7 @@ async def _admin(request: Request) -> tuple[GatewayState, str]:
 
 
 @router.get("/v1/admin/policies", response_model=PolicyListOut, summary="Policies with their serving versions",
-            description="Every configured policy: its promoted and canary versions, waiting candidates, "
+            description="Every configured policy: its promoted and canary versions, the live lineage and its head, "
                         "promotion settings and whether learning is paused.")
 async def list_policies(request: Request) -> PolicyListOut:
     state, _ = await _admin(request)
@@ -75,12 +74,14 @@ async def get_policy(request: Request, policy: str) -> PolicyOut:
 
 
 @router.get("/v1/admin/policies/{policy}/versions", response_model=VersionListOut,
-            summary="A policy's adapter versions, newest first")
+            summary="A policy's adapter versions, newest first",
+            description="Each with its parent, whether it is in the live lineage (and which version heads it), its "
+                        "training run's sample count and the versions that sampled what it trained on.")
 async def list_versions(request: Request, policy: str,
                         status: VersionStatus | None = Query(None)) -> VersionListOut:
     state, _ = await _admin(request)
-    versions = await _guard(lambda: service.list_versions(state.engine, state.settings, policy, status))
-    return VersionListOut(data=[VersionOut.model_validate(version) for version in versions])
+    listing = await _guard(lambda: service.version_listing(state.engine, state.settings, policy, status))
+    return VersionListOut.of(listing)
 
 
 @router.get("/v1/admin/versions/{version}", response_model=VersionDetailOut,
@@ -104,7 +105,8 @@ async def approve(request: Request, version: str, body: ActionIn | None = None) 
 
 
 @router.post("/v1/admin/versions/{version}/reject", response_model=ActionOut, summary="Reject a version",
-             description="A candidate or a canary is rejected; a canary stops receiving new trajectories within "
+             description="A candidate is rejected; rejecting the canary rejects its whole lineage (the learner "
+                         "starts again from the promoted version). A canary stops receiving new trajectories within "
                          "a poll interval (running trajectories finish on it).")
 async def reject(request: Request, version: str, body: ActionIn | None = None) -> ActionOut:
     state, actor = await _admin(request)
@@ -141,7 +143,7 @@ async def _pause(request: Request, policy: str, paused: bool) -> PolicyStateOut:
 
 @router.post("/v1/admin/policies/{policy}/pause", response_model=PolicyStateOut, summary="Pause learning",
              description="No training runs, automatic canary starts or promotions for the policy until resumed; "
-                         "a significantly worse canary is still rejected. Serving is unchanged.")
+                         "a significantly worse lineage is still rejected. Serving is unchanged.")
 async def pause(request: Request, policy: str) -> PolicyStateOut:
     return await _pause(request, policy, True)
 
