@@ -19,6 +19,7 @@ from apprentice.promotion import lifecycle, loading
 from apprentice.promotion.gates import evaluate_gates, json_number
 from apprentice.promotion.retention import plan_retention
 from apprentice.promotion.rows import AdapterVersion, TrainingRun
+from apprentice.promotion.status import VersionStatus
 
 # ---------------------------------------------------------------- statistics
 
@@ -162,6 +163,10 @@ def test_retention_plan_keeps_last_k_and_everything_ever_promoted():
     ever_promoted = {ids[1], ids[4], ids[6], ids[5]}  # v5: promoted once (kept whatever its status)
     doomed = plan_retention(versions, keep_last=3, ever_promoted=ever_promoted)
     assert [v.version for v in doomed] == [2]
+    # a candidate left behind by its lineage's promotion (older than the promoted version) goes too
+    versions[3] = dataclasses.replace(versions[3], status=VersionStatus.CANDIDATE)  # v4, never promoted now
+    doomed = plan_retention(versions, keep_last=3, ever_promoted=ever_promoted - {ids[4]})
+    assert [v.version for v in doomed] == [4, 2]
 
 
 def version_row(version_id: uuid.UUID, number: int, status: str) -> AdapterVersion:

@@ -4,7 +4,9 @@ A version's files are deleted when all of these hold:
 - it is not among the policy's newest `keep_last` versions (by version number);
 - it was never promoted (no `adapter_transitions` row to 'promoted', and it is not promoted
   or retired now): a rollback can always go back to any version that once served;
-- it is in a final status (`rejected`), so candidates and canaries are never touched;
+- it is in a final status (`rejected`), or a candidate older than the promoted version (a
+  version of a lineage that was promoted past it: out of the lineage, it never serves again
+  unless an admin asks), so the live lineage and the canary are never touched;
 - its last transition is older than `unload_grace_s` (it was unloaded from the endpoints).
 
 The row stays (history, evaluation, transitions); `files_deleted_at` records the deletion
@@ -51,9 +53,10 @@ def plan_retention(versions: Iterable[AdapterVersion], keep_last: int,
     """The versions whose files should go (pure: no clock, no files)."""
     ordered = sorted(versions, key=lambda v: v.version, reverse=True)
     newest = {v.id for v in ordered[:keep_last]}
+    promoted = max((v.version for v in ordered if v.status == VersionStatus.PROMOTED), default=0)
     return [v for v in ordered
-            if v.id not in newest and v.id not in ever_promoted
-            and v.status in DELETABLE_STATUSES and v.files_deleted_at is None]
+            if v.id not in newest and v.id not in ever_promoted and v.files_deleted_at is None
+            and (v.status in DELETABLE_STATUSES or (v.status == VersionStatus.CANDIDATE and v.version < promoted))]
 
 
 def delete_adapter_files(path: str) -> str:
