@@ -55,11 +55,12 @@ class ManagedProcess:
     """
 
     def __init__(self, name: str, args: list[str], log_path: Path, *, env: dict[str, str] | None = None,
-                 cwd: Path | None = None, ready_url: str | None = None) -> None:
+                 inherit_env: bool = True, cwd: Path | None = None, ready_url: str | None = None) -> None:
         self.name = name
         self.args = args
         self.log_path = log_path
-        self.env = {**os.environ, **(env or {})}
+        # `env` adds to this process's environment, or replaces it with inherit_env=False.
+        self.env = {**(os.environ if inherit_env else {}), **(env or {})}
         self.cwd = cwd
         self.ready_url = ready_url
         self.process: subprocess.Popen[bytes] | None = None

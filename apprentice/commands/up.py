@@ -52,16 +52,18 @@ def default_config(data_dir: Path, port: int, model_port: int) -> dict[str, Any]
             # GRPO compares several answers to the same task: sample with variety.
             "temperature": 1.0,
             "reward_range": [0.0, 1.0],
-            # Sized for a small model on a laptop CPU: train as soon as a few rewarded groups
-            # wait, at the learning rate that moves a 135M model within minutes.
-            # A run takes the newest 96 rewarded trajectories, so it ends in about a minute on a CPU.
-            "learning": {"min_new_groups": 8, "trigger_poll_s": 10, "reward_wait_s": 5, "min_group_size": 4,
-                         "max_trajectories": 96, "lr": 3e-4, "micro_batch_size": 8, "grad_accumulation": 2,
+            # Sized for a small model on a laptop CPU: each run is about one GRPO step (4 groups of
+            # 8 answers, 32 samples per optimizer step), continuing the training lineage as soon
+            # as 4 new rewarded groups wait, at the learning rate that moves a 135M model within
+            # minutes. Rewards may arrive up to 10 s late and still join their group.
+            "learning": {"min_new_groups": 4, "trigger_poll_s": 2, "reward_wait_s": 10, "min_group_size": 4,
+                         "max_trajectories": 64, "lr": 1e-4, "micro_batch_size": 8, "grad_accumulation": 4,
                          "lora_rank": 8, "lora_alpha": 16},
-            # Candidates that pass the gates serve half of new runs until the comparison decides;
-            # one that is no better within five minutes gives its place to the next candidate.
-            "promotion": {"mode": "automatic", "auto_canary": True, "canary_share": 0.5, "min_samples": 24,
-                          "confidence": 0.9, "timeout_s": 300},
+            # The canary serves half of new runs and always runs the newest gated version of the
+            # lineage; the sequential test promotes it as soon as the lineage is significantly
+            # better (valid however often it looks) and rejects the lineage if it is worse.
+            "promotion": {"mode": "automatic", "auto_canary": True, "canary_share": 0.5, "min_samples": 16,
+                          "confidence": 0.9, "method": "sequential", "timeout_s": 3600},
         }],
     }
     if os.environ.get("OPENAI_API_KEY"):
