@@ -17,7 +17,10 @@ yet, not merged into another, whose last call is within `max_age_s`; newest firs
   is the root). A trajectory sampled elsewhere -- by a rejected branch ("off_lineage") or
   further back ("too_stale") -- is never trained on: the run consumes it (marks it with its
   id) and counts it by reason, so it does not pile up. What staleness remains within the
-  bound is corrected by the trainer's truncated importance weights (tis_cap).
+  bound is corrected by the trainer's truncated importance weights (tis_cap). Why a bound
+  (4 by default): the weights correct only while sampler and trainer overlap; each version
+  drifts a little further, and far enough back most weights sit at the cap, so the data adds
+  bias, not signal (docs/learner.md, "The training lineage").
 - Recent unrewarded trajectories are read too, only to learn their groups: a group whose
   rewards are still arriving waits (see grouping.classify).
 
