@@ -399,7 +399,7 @@ class Settings(BaseSettings):
         return (env_settings, init_settings)
 
     @model_validator(mode="after")
-    def _check(self) -> "Settings":
+    def _check(self) -> Settings:
         if self.database_url is None and os.environ.get("DATABASE_URL"):
             self.database_url = os.environ["DATABASE_URL"]
         names = [p.name for p in self.policies]

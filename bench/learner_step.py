@@ -210,10 +210,11 @@ def main() -> None:
         f"`python -m bench.learner_step --steps {args.steps} --batch {args.batch} --threads {args.threads}`: one "
         f"optimizer step (forward, backward, grad clip, AdamW) of LoRA r=8 on all seven projections of "
         f"{os.path.basename(model_dir)}, fp32 on CPU, {args.batch} sequences of {args.prompt_tokens} prompt + "
-        f"{args.completion_tokens} completion tokens, same loss (clipped ratio, eps 0.2/0.28, token mean) in all rows.",
+        f"{args.completion_tokens} completion tokens, same loss (clipped ratio, eps 0.2/0.28, token mean) "
+        "in all rows.",
         markdown_table(["implementation", "median step (s)", "best (s)", "tokens/s", "notes"], rows),
-        "The Apprentice trainer applies the LM head only at loss positions (half the tokens here); the scoring pass "
-        "(old-policy logprobs, no gradient) runs once per learner run, not per step. Micro-batching trades a "
+        "The Apprentice trainer applies the LM head only at loss positions (half the tokens here); the scoring "
+        "pass (old-policy logprobs, no gradient) runs once per learner run, not per step. Micro-batching trades a "
         "little speed for bounded memory at the same gradient.",
         *notes,
         f"{machine_line()} torch {torch.__version__}, {args.threads} threads; load average during the run "

@@ -145,8 +145,8 @@ def first_routed(db: psycopg.Connection, version_id: uuid.UUID, timeout: float =
 
 async def trials(database_url: str, settings: Any, gateway_url: str, adapters: list[Path],
                  db: psycopg.Connection) -> tuple[list[dict[str, float]], dict[str, float]]:
-    from apprentice.store.engine import make_async_engine
     from apprentice.promotion import lifecycle, loading, service
+    from apprentice.store.engine import make_async_engine
 
     engine = make_async_engine(database_url)
     load_times: list[float] = []

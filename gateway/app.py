@@ -18,18 +18,18 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from gateway import __version__
 from apprentice.settings import Settings
+from apprentice.store.schema import check_schema
+from gateway import __version__
 from gateway.endpoints import operations
 from gateway.endpoints.admin import routes as admin_routes
-from gateway.endpoints.rewards import routes as rewards_routes
-from gateway.endpoints.trajectories import routes as trajectories_routes
 from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
 from gateway.endpoints.passthrough import PassthroughEndpoint
+from gateway.endpoints.rewards import routes as rewards_routes
+from gateway.endpoints.trajectories import routes as trajectories_routes
 from gateway.http.asgi import Receive, Scope, Send, header
 from gateway.http.errors import ERROR_TYPES, GatewayError, error_body
 from gateway.state import GatewayState
-from apprentice.store.schema import check_schema
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ linker and the stitcher, which it wakes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -18,7 +19,7 @@ from apprentice.store.engine import make_async_engine
 from apprentice.store.secrets import instance_secret
 from gateway import metrics
 from gateway.auth.keys import KeyCache, KeyInfo
-from gateway.http.asgi import Scope, header
+from gateway.http.asgi import header
 from gateway.http.errors import GatewayError
 from gateway.journal.shipper import JournalShipper
 from gateway.journal.writer import JournalWriter
@@ -119,7 +120,15 @@ class GatewayState:
             self.stitcher.wake()  # a later parent may have become known too
 
     # ---- authentication ----------------------------------------------------------------
-    async def authenticate(self, scope: Scope, *, admin: bool = False) -> KeyInfo:
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        """The session for upstream calls; it exists from start() until stop()."""
+        if self.session is None:
+            raise RuntimeError("the gateway state is not started: no upstream HTTP session yet")
+        return self.session
+
+    async def authenticate(self, scope: Mapping[str, Any], *, admin: bool = False) -> KeyInfo:
+        """The caller's key from an ASGI scope (a plain one or a framework request's `scope`)."""
         if self.settings.auth.mode == "open":  # local use only: the serve command enforces loopback
             return self.open_key
         authorization = header(scope, b"authorization")

@@ -37,8 +37,8 @@ COMPLETE_MARKER = ".apprentice-complete"
 class LoadedModel(NamedTuple):
     """A model and its tokenizer; unpacks as `model, tokenizer = load_base_model(...)`."""
 
-    model: "PreTrainedModel"
-    tokenizer: "PreTrainedTokenizerBase"
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
 
 
 def model_cache_root() -> Path:
@@ -159,7 +159,7 @@ def resolve_model_path(path_or_name: str | os.PathLike[str] | None, fetch: bool 
     return path
 
 
-def pick_device(device: "str | torch.device | None" = None) -> "torch.device":
+def pick_device(device: str | torch.device | None = None) -> torch.device:
     """The requested device, else CUDA when present, else CPU."""
     import torch
 
@@ -168,7 +168,7 @@ def pick_device(device: "str | torch.device | None" = None) -> "torch.device":
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def pick_dtype(device: "torch.device", dtype: "str | torch.dtype | None" = None) -> "torch.dtype":
+def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
     """bf16 on a GPU that supports it, fp32 elsewhere (CPU half precision is slow and lossy)."""
     import torch
 
@@ -181,7 +181,7 @@ def pick_dtype(device: "torch.device", dtype: "str | torch.dtype | None" = None)
     return torch.float32
 
 
-def load_tokenizer(path_or_name: str | os.PathLike[str] | None) -> "PreTrainedTokenizerBase":
+def load_tokenizer(path_or_name: str | os.PathLike[str] | None) -> PreTrainedTokenizerBase:
     """The tokenizer of a model, with a pad token (left padding needs one)."""
     from transformers import AutoTokenizer
 
@@ -200,6 +200,8 @@ def load_base_model(path_or_name: str | os.PathLike[str] | None, device: Any = N
     torch_device = pick_device(device)
     torch_dtype = pick_dtype(torch_device, dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-    model.to(torch_device)
+    # transformers decorates `to` with functools.wraps(torch.nn.Module.to); typeshed's _Wrapped has no
+    # __get__, so mypy does not bind `self` and takes the device for it. The call is correct.
+    model.to(torch_device)  # type: ignore[arg-type]
     model.eval()
     return LoadedModel(model=model, tokenizer=load_tokenizer(path))

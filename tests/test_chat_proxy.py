@@ -23,7 +23,7 @@ def stored_call(db, call_id: str) -> dict:
         message=f"call {call_id} in PostgreSQL")
     keys = ["request", "response", "status_code", "stream", "trajectory_id", "response_id", "prompt_tokens",
             "completion_tokens", "latency_ms", "ttft_ms", "error", "upstream", "tenant"]
-    return dict(zip(keys, row))
+    return dict(zip(keys, row, strict=True))
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def test_n_choices_and_unknown_fields_pass_through(client, db, fake_upstream):
     assert len(row["response"]["choices"]) == 2
     assert row["response"]["choices"][0]["token_ids"] and row["response"]["prompt_token_ids"]
     # The upstream's key is sent upstream, never stored, and the client's key is not forwarded.
-    headers = [h for body, h in zip(seen["requests"], seen["headers"]) if body.get("x_vendor_field") == marker][0]
+    headers = [h for body, h in zip(seen["requests"], seen["headers"], strict=True) if body.get("x_vendor_field") == marker][0]
     assert headers["authorization"] == "Bearer sk-upstream-secret"
     assert "sk-upstream-secret" not in json.dumps(row, default=str)
 

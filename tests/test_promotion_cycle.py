@@ -15,17 +15,18 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
+from apprentice.promotion import service
 from apprentice.settings import Settings
 from apprentice.store.engine import make_async_engine
-from apprentice.promotion import service
 from tests.conftest import wait_for
 from tests.support.processes import ModelServerProcess
 
@@ -166,7 +167,7 @@ class BackgroundLoad:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
-    def __enter__(self) -> "BackgroundLoad":
+    def __enter__(self) -> BackgroundLoad:
         self._thread.start()
         return self
 
@@ -302,7 +303,8 @@ def test_full_cycle(start_gateway, local_server, tiny, db, database_url, tmp_pat
     names = dict(db.execute("SELECT id::text, name FROM adapter_versions").fetchall())
     seen = dict(load.seen)
     recorded = wait_for(lambda: (rows := db.execute(
-        "SELECT id::text, adapter_version_id::text, upstream_model, status_code FROM calls WHERE id = ANY(%s::uuid[])",
+        "SELECT id::text, adapter_version_id::text, upstream_model, status_code FROM calls "
+        "WHERE id = ANY(%s::uuid[])",
         (list(seen),)).fetchall()) and len(rows) == len(seen) and rows, timeout=30, message="all calls recorded")
     assert {row[3] for row in recorded} == {200}
     assert all(names[row[1]] == row[2] == seen[row[0]] for row in recorded)

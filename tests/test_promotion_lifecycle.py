@@ -230,7 +230,7 @@ async def test_rollback_reconcile_and_retention(db, engine, vllm, database_url, 
         paths[n].mkdir()
         (paths[n] / "adapter_config.json").write_text("{}")
     v1 = add_version(db, 1, status="retired", path=str(paths[1]))
-    v2 = add_version(db, 2, status="rejected", path=str(paths[2]))
+    add_version(db, 2, status="rejected", path=str(paths[2]))
     v3 = add_version(db, 3, status="promoted", path=str(paths[3]))
     v4 = add_version(db, 4, status="rejected", path=str(paths[4]))
     v5 = add_version(db, 5, status="candidate", path=str(paths[5]), run=add_run(db, status="running"))

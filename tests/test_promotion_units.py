@@ -246,9 +246,12 @@ async def test_loading_is_idempotent_retried_and_verified():
         racing.loaded["p-v2"] = "/adapters/v2"
         original = racing.__call__
 
-        def hide_first_listing(request, state={"hidden": False}):
-            if request.url.path.endswith("/models") and not state["hidden"]:
-                state["hidden"] = True
+        listing_hidden = False
+
+        def hide_first_listing(request):
+            nonlocal listing_hidden
+            if request.url.path.endswith("/models") and not listing_hidden:
+                listing_hidden = True
                 return httpx.Response(200, json={"data": [{"id": "base"}]})
             return original(request)
 

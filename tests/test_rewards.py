@@ -153,8 +153,8 @@ def test_rewards_follow_a_merged_trajectory(start_gateway, db):
 def test_a_key_rewards_only_its_own_tenant(start_gateway, db, database_url, tmp_path):
     import asyncio
 
-    from gateway.auth.keys import create_key
     from apprentice.store.engine import make_async_engine
+    from gateway.auth.keys import create_key
 
     async def keys() -> tuple[str, str]:
         engine = make_async_engine(database_url)

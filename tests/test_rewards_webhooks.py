@@ -9,9 +9,9 @@ import time
 
 import httpx
 
+from apprentice.store.engine import make_async_engine
 from gateway.auth.keys import create_key
 from gateway.rewards.signatures import sign
-from apprentice.store.engine import make_async_engine
 from tests.conftest import count_rows, wait_for
 
 SECRET = "whsec_test_3c9f0a7d1e2b4c5d"

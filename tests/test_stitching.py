@@ -70,7 +70,7 @@ def test_run_across_two_gateway_processes_is_stitched(start_gateway, db):
     wait_for(stitched, timeout=20, message="cross-process stitching")
     final = [trajectory_of(db, calls[0]) for _, calls in runs]
     assert len(set(final)) == 3, "three runs stay three trajectories"
-    for (returned_ids, calls), trajectory_id in zip(runs, final):
+    for (returned_ids, _calls), trajectory_id in zip(runs, final, strict=True):
         # Every id the client was given still resolves to the run's trajectory.
         assert {resolve(db, t) for t in returned_ids} == {trajectory_id}
         assert count_rows(db, "SELECT call_count FROM trajectories WHERE id = %s", trajectory_id) == 4
@@ -107,8 +107,8 @@ def test_tenants_do_not_share_trajectories(start_gateway, database_url, db):
     """The same conversation under two tenants' keys stays apart, even with the same client id."""
     import asyncio
 
-    from gateway.auth.keys import create_key
     from apprentice.store.engine import make_async_engine
+    from gateway.auth.keys import create_key
 
     async def make_keys() -> list[str]:
         engine = make_async_engine(database_url)

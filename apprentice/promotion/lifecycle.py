@@ -438,7 +438,8 @@ async def set_learning_paused(engine: AsyncEngine, policy: str, paused: bool, *,
         row = (await connection.execute(text(
             "INSERT INTO policy_state (policy, learning_paused, updated_by, updated_at) "
             "VALUES (:p, :paused, :actor, now()) ON CONFLICT (policy) DO UPDATE "
-            "SET learning_paused = excluded.learning_paused, updated_by = excluded.updated_by, updated_at = now() "
+            "SET learning_paused = excluded.learning_paused, updated_by = excluded.updated_by, "
+            "updated_at = now() "
             "WHERE policy_state.learning_paused IS DISTINCT FROM excluded.learning_paused "
             "RETURNING policy, learning_paused, updated_by, updated_at"),
             {"p": policy, "paused": paused, "actor": actor})).first()

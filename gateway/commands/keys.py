@@ -9,9 +9,9 @@ from typing import TypeVar
 import click
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.auth import keys
 from apprentice.commands.common import config_option, database_url, load
 from apprentice.store.engine import make_async_engine
+from gateway.auth import keys
 
 T = TypeVar("T")
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import sys
+from typing import Literal, TypedDict
 
 import click
 
@@ -15,6 +16,22 @@ from apprentice.settings import Settings
 from apprentice.store.schema import SchemaOutOfDate, check_schema
 
 GRACEFUL_SHUTDOWN_S = 30
+
+
+class UvicornOptions(TypedDict):
+    """The keyword arguments of uvicorn.run shared by the one-process and the worker-process runs."""
+
+    host: str
+    port: int
+    loop: str
+    http: str
+    access_log: bool
+    log_level: str
+    timeout_graceful_shutdown: int
+    lifespan: Literal["auto", "on", "off"]
+    server_header: bool
+    date_header: bool
+    proxy_headers: bool
 
 
 def _exit_normally(signum: int, frame: object) -> None:
@@ -32,8 +49,8 @@ def is_loopback(host: str) -> bool:
 
 def app_from_environment():  # noqa: ANN201 - uvicorn factory for worker processes
     """Each worker builds its app from the config and database URL the parent exported."""
-    from gateway.app import create_app
     from apprentice.settings import load_settings
+    from gateway.app import create_app
 
     settings = load_settings()
     return create_app(settings, os.environ["APPRENTICE_DATABASE_URL"], check_schema_on_start=False)
@@ -67,9 +84,9 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, _exit_normally)
 
-    options = dict(host=host, port=port, loop="uvloop", http="httptools", access_log=False,
-                   log_level=settings.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                   lifespan="on", server_header=False, date_header=False, proxy_headers=False)
+    options = UvicornOptions(host=host, port=port, loop="uvloop", http="httptools", access_log=False,
+                             log_level=settings.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                             lifespan="on", server_header=False, date_header=False, proxy_headers=False)
     click.echo(f"Apprentice gateway on http://{host}:{port}/v1 ({workers} worker(s))", err=True)
     if workers > 1:
         # Workers rebuild the settings from the config file and environment exported by load().

@@ -50,8 +50,8 @@ class PassthroughEndpoint:
                 headers["Authorization"] = f"Bearer {target.api_key}"
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=target.timeout)
             try:
-                response = await self.state.session.request(scope["method"], url, data=body or None,
-                                                            headers=headers, timeout=timeout)
+                response = await self.state.http.request(scope["method"], url, data=body or None,
+                                                         headers=headers, timeout=timeout)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 metrics.UPSTREAM_ERRORS.labels(target.name, "unreachable").inc()
                 raise GatewayError(502, f"upstream {target.name} did not answer: {type(exc).__name__}: {exc}",

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 from gateway.http.errors import GatewayError
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+# As in the ASGI servers' and Starlette's types: a send callable accepts any mutable mapping,
+# so that ours can be handed on to FastAPI.
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
 
 
-def header(scope: Scope, name: bytes) -> str | None:
+def header(scope: Mapping[str, Any], name: bytes) -> str | None:
     """A request header (name in lower case), decoded; None when absent."""
     for key, value in scope["headers"]:
         if key == name:

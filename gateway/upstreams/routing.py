@@ -12,7 +12,6 @@ from typing import Any
 
 from apprentice.settings import ModelEntry, PolicySettings, Settings, resolve_secret
 
-
 WILDCARD = "*"
 
 

@@ -39,8 +39,10 @@ def new_lora(base_model: Any, rank: int, alpha: float, target_modules: Sequence[
 
     if rank not in VLLM_LORA_RANKS:
         raise AdapterFormatError(f"LoRA rank {rank} is not one vLLM accepts: {list(VLLM_LORA_RANKS)}")
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
-                        bias="none", task_type="CAUSAL_LM")
+    # peft annotates lora_alpha as int, but only ever divides it by r (and vLLM does the same with the
+    # saved config): a float alpha, which the settings allow, is valid and is kept as given.
+    config = LoraConfig(r=rank, lora_alpha=alpha,  # type: ignore[arg-type]
+                        lora_dropout=dropout, target_modules=list(target_modules), bias="none", task_type="CAUSAL_LM")
     model = get_peft_model(base_model, config, adapter_name=TRAINABLE_ADAPTER)
     only_lora_trainable(model)
     return model

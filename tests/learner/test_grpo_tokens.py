@@ -8,8 +8,14 @@ import math
 
 import pytest
 
-from learner.grpo.tokens import (CallRecord, TemplateNotPrefixPreserving, merge_calls, parse_call,
-                                 template_call_tokens, trajectory_segments)
+from learner.grpo.tokens import (
+    CallRecord,
+    TemplateNotPrefixPreserving,
+    merge_calls,
+    parse_call,
+    template_call_tokens,
+    trajectory_segments,
+)
 
 # A ChatML template that renders tool calls and tool results (SmolLM2's own ignores tools).
 TOOL_TEMPLATE = (
@@ -57,7 +63,7 @@ def test_exact_ids_multi_turn_merges_into_one_sequence_that_masks_only_assistant
     [segment] = trajectory_segments(None, [turn1, turn2])
     assert segment.input_ids == [1, 2, 5, 6, 2, 9, 9, 7, 2]
     assert segment.loss_mask == [False, False, True, True, True, False, False, True, True]
-    recorded = [v for v, on in zip(segment.behaviour_logprobs, segment.loss_mask) if on]
+    recorded = [v for v, on in zip(segment.behaviour_logprobs, segment.loss_mask, strict=True) if on]
     assert recorded == [-1, -2, -3, -4, -5]
 
 
@@ -104,9 +110,9 @@ def test_template_path_multi_turn_with_tool_calls_masks_every_assistant_turn_and
     final = {"role": "assistant", "content": "Cold and snowy."}
     calls = [CallRecord(call_1, tools, tool_call), CallRecord(call_2, tools, final)]
     [segment] = trajectory_segments(tokenizer, calls)
-    masked = tokenizer.decode([t for t, on in zip(segment.input_ids, segment.loss_mask) if on])
+    masked = tokenizer.decode([t for t, on in zip(segment.input_ids, segment.loss_mask, strict=True) if on])
     assert masked == '<tool_call>weather({"city": "Oslo"})</tool_call><|im_end|>Cold and snowy.<|im_end|>'
-    unmasked = tokenizer.decode([t for t, on in zip(segment.input_ids, segment.loss_mask) if not on])
+    unmasked = tokenizer.decode([t for t, on in zip(segment.input_ids, segment.loss_mask, strict=True) if not on])
     assert "Weather in Oslo?" in unmasked and "-3C, snow" in unmasked and "<tool_call>" not in unmasked
     assert segment.behaviour_logprobs is None, "no recorded logprobs: the trainer recomputes them"
 

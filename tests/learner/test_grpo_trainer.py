@@ -85,7 +85,7 @@ def test_a_nan_loss_aborts_the_run(tiny_peft):
     with pytest.raises(NonFiniteLoss):
         GRPOTrainer(tiny_peft, trainer_config(micro_batch_size=1, grad_accumulation=4), fresh=True).train(samples)
     after = [p.detach() for p in tiny_peft.parameters() if p.requires_grad]
-    assert all(torch.equal(a, b) for a, b in zip(before, after)), "no optimizer step was taken"
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True)), "no optimizer step was taken"
 
 
 def test_saved_adapter_is_vllm_loadable_and_the_local_server_accepts_it(tiny_peft, tiny_model_dir, tmp_path):

@@ -184,7 +184,7 @@ def test_the_learner_improves_the_policy_from_its_own_rewarded_traffic(model_ser
         delivery = deliver_late(gateway.url, reward_items(on_time, round_number) + held_back, rng)
         expected = [r["trajectory_id"] for r in on_time] + [i["trajectory_id"] for i in held_back]
         delivery.join()
-        wait_for(lambda: linked_rewards(db, expected) == len(expected), timeout=60, message="rewards linked")
+        wait_for(lambda expected=expected: linked_rewards(db, expected) == len(expected), timeout=60, message="rewards linked")
         held_back = reward_items([r for r in results if r["thing"] == late_thing], round_number)
 
         outcome = run_once(settings, POLICY, trigger=f"test-round-{round_number}")

@@ -22,7 +22,7 @@ class LoadRunner:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
-    def start(self) -> "LoadRunner":
+    def start(self) -> LoadRunner:
         self._thread.start()
         return self
 

@@ -19,7 +19,7 @@ class CuttableProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self.connections = 0
 
-    def start(self) -> "CuttableProxy":
+    def start(self) -> CuttableProxy:
         self._thread.start()
         self._call(self._listen())
         return self

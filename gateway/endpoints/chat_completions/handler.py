@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -21,10 +22,20 @@ from gateway.endpoints.chat_completions.assembly import assemble_completion, par
 from gateway.endpoints.chat_completions.policy_tokens import TokenCapture, capture_for, event_stripper, strip_answer
 from gateway.endpoints.chat_completions.request import ChatRequest, parse_chat_request
 from gateway.endpoints.chat_completions.sse import EventRelay
-from gateway.http.asgi import JSON_HEADERS, SSE_HEADERS, Receive, Scope, Send, header, read_body, send_error, send_response
+from gateway.http.asgi import (
+    JSON_HEADERS,
+    SSE_HEADERS,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_error,
+    send_response,
+)
 from gateway.http.errors import GatewayError, UpstreamStatusError, error_body
-from gateway.state import GatewayState
 from gateway.policies.versions import ServingVersion
+from gateway.state import GatewayState
 from gateway.trajectories.stitching import (
     OpenTrajectory,
     TrajectoryAssignment,
@@ -189,7 +200,7 @@ class ChatCompletionsEndpoint:
 
     async def _open_direct(self, call: CallContext, targets: list[UpstreamTarget]) -> UpstreamAnswer:
         """The upstream's answer, open for reading; an error status raises UpstreamStatusError."""
-        answer = await post_with_retries(self.state.session, targets, "/chat/completions", self._bodies(call, targets),
+        answer = await post_with_retries(self.state.http, targets, "/chat/completions", self._bodies(call, targets),
                                          retry_after=self.router_settings.retry_after,
                                          retry_statuses=ADAPTER_RETRYABLE_STATUS if call.version else RETRYABLE_STATUS)
         call.target = answer.target
@@ -242,7 +253,7 @@ class ChatCompletionsEndpoint:
         try:
             if targets[0].direct:
                 answer = await self._open_direct(call, targets)
-                chunks = answer.response.content.iter_any()
+                chunks: AsyncIterator[bytes] = answer.response.content.iter_any()
             else:
                 call.target = targets[0]
                 chunks = await litellm_backend.stream(targets[0], call.litellm_body())
@@ -251,7 +262,7 @@ class ChatCompletionsEndpoint:
 
         await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *call.headers]})
         received: list[bytes] = []
-        error: dict[str, Any] | None = None
+        stream_error: dict[str, Any] | None = None
         # Whole events only; the final `[DONE]` is held back until the call is journaled.
         relay = EventRelay(event_stripper(call.capture) if call.capture is not None else None)
         try:
@@ -265,12 +276,12 @@ class ChatCompletionsEndpoint:
                     await send({"type": "http.response.body", "body": ready, "more_body": True})
             rest = relay.finish()
         except Exception as exc:  # the upstream broke off mid-stream: the client sees an error event
-            error = {"error": {"message": f"upstream stream failed: {type(exc).__name__}: {exc}",
-                               "type": "upstream_error", "param": None, "code": "stream_interrupted"}}
+            stream_error = {"error": {"message": f"upstream stream failed: {type(exc).__name__}: {exc}",
+                                      "type": "upstream_error", "param": None, "code": "stream_interrupted"}}
             metrics.UPSTREAM_ERRORS.labels(call.target.name if call.target else "none", "stream").inc()
-            rest = b"data: " + error_body(error["error"]["message"], "upstream_error", None,
+            rest = b"data: " + error_body(stream_error["error"]["message"], "upstream_error", None,
                                           "stream_interrupted") + b"\n\n"
         response = assemble_completion(parse_sse_events(b"".join(received)))
-        self._finish(call, 200, response, error)
+        self._finish(call, 200, response, stream_error)
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return 200
