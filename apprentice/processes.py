@@ -31,8 +31,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def wait_http(url: str, timeout: float = 30.0, process: subprocess.Popen[bytes] | None = None,
-              interval: float = 0.05) -> None:
+def wait_http(
+    url: str, timeout: float = 30.0, process: subprocess.Popen[bytes] | None = None, interval: float = 0.05
+) -> None:
     """Wait until `url` answers with a status below 500; fail early if `process` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -54,8 +55,17 @@ class ManagedProcess:
     as soon as it runs.
     """
 
-    def __init__(self, name: str, args: list[str], log_path: Path, *, env: dict[str, str] | None = None,
-                 inherit_env: bool = True, cwd: Path | None = None, ready_url: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        log_path: Path,
+        *,
+        env: dict[str, str] | None = None,
+        inherit_env: bool = True,
+        cwd: Path | None = None,
+        ready_url: str | None = None,
+    ) -> None:
         self.name = name
         self.args = args
         self.log_path = log_path
@@ -81,9 +91,15 @@ class ManagedProcess:
 
     def start(self) -> None:
         self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=self.env, cwd=self.cwd,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
+        )
 
     def wait_ready(self, timeout: float) -> None:
         """Return once the child serves `ready_url`; raise ProcessFailed (naming the log) if it
@@ -99,8 +115,7 @@ class ManagedProcess:
         except ProcessFailed as exc:
             raise ProcessFailed(f"{self.name} exited during start; see {self.log_path}") from exc
         except TimeoutError as exc:
-            raise ProcessFailed(f"{self.name} did not become ready in {timeout:.0f}s; "
-                                f"see {self.log_path}") from exc
+            raise ProcessFailed(f"{self.name} did not become ready in {timeout:.0f}s; see {self.log_path}") from exc
 
     def signal(self, sig: int) -> None:
         """Send `sig` to the child's whole process group, if it still runs."""

@@ -358,9 +358,7 @@ class LocalModelServerSettings(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="APPRENTICE_", env_nested_delimiter="__", extra="ignore"
-    )
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_", env_nested_delimiter="__", extra="ignore")
 
     database_url: str | None = None
     data_dir: Path = Path(".apprentice")
@@ -408,9 +406,7 @@ class Settings(BaseSettings):
         deployments = {m.model_name for m in self.model_list}
         for policy in self.policies:
             if not policy.endpoints and policy.name not in deployments:
-                raise ConfigError(
-                    f"policy {policy.name!r} has no endpoints and no model_list entry of that name"
-                )
+                raise ConfigError(f"policy {policy.name!r} has no endpoints and no model_list entry of that name")
         if self.default_upstream and self.default_upstream not in deployments:
             raise ConfigError(f"default_upstream {self.default_upstream!r} is not in model_list")
         return self

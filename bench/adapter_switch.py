@@ -85,9 +85,11 @@ async def trials(database_url: str, gateway_url: str, count: int, notify: bool, 
         with psycopg.connect(database_url, autocommit=True) as db:
             for number in range(first_number, first_number + count):
                 version_id, name = uuid.uuid4(), f"{POLICY}-v{number}"
-                db.execute("INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path) "
-                           "VALUES (%s, %s, %s, %s, 'candidate', 'fake-base', '/nowhere')",
-                           (version_id, POLICY, number, name))
+                db.execute(
+                    "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path) "
+                    "VALUES (%s, %s, %s, %s, 'candidate', 'fake-base', '/nowhere')",
+                    (version_id, POLICY, number, name),
+                )
                 await asyncio.sleep(random.uniform(0.0, 1.0))
                 await lifecycle.promote(engine, version_id, actor="bench")
                 committed = time.monotonic()  # the transaction committed as promote returned
@@ -104,8 +106,9 @@ async def trials(database_url: str, gateway_url: str, count: int, notify: bool, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20, help="Trials per mode.")
-    parser.add_argument("--pg", default=os.environ.get("APPRENTICE_TEST_PG_URL",
-                                                       "postgresql://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument(
+        "--pg", default=os.environ.get("APPRENTICE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
     parser.add_argument("--no-write", action="store_true", help="Print only; leave docs/benchmarks.md alone.")
     args = parser.parse_args()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -126,14 +129,21 @@ def main() -> None:
             upstream = FakeUpstreamProcess(Path(tmp))
             upstream.start()
             policy = {"name": POLICY, "base_model": "fake-base", "endpoints": [upstream.api_base]}
-            config = {"database_url": database_url, "data_dir": str(Path(tmp) / "gateway"), "auth": {"mode": "open"},
-                      "policies": [policy]}
+            config = {
+                "database_url": database_url,
+                "data_dir": str(Path(tmp) / "gateway"),
+                "auth": {"mode": "open"},
+                "policies": [policy],
+            }
             gateway = GatewayProcess(Path(tmp), config)
             gateway.start()
             for notify in (True, False):
                 label = "NOTIFY" if notify else "poll only"
-                results[label] = asyncio.run(trials(database_url, gateway.base_url, args.trials, notify,
-                                                    first_number=1 + len(results) * args.trials))
+                results[label] = asyncio.run(
+                    trials(
+                        database_url, gateway.base_url, args.trials, notify, first_number=1 + len(results) * args.trials
+                    )
+                )
         finally:
             for process in (gateway, upstream):
                 if process is not None:
@@ -142,21 +152,27 @@ def main() -> None:
 
     def ms(values: list[float]) -> list[str]:
         quantiles = statistics.quantiles(values, n=10)
-        return [f"{statistics.median(values) * 1000:.0f}", f"{quantiles[-1] * 1000:.0f}",
-                f"{min(values) * 1000:.0f}", f"{max(values) * 1000:.0f}"]
+        return [
+            f"{statistics.median(values) * 1000:.0f}",
+            f"{quantiles[-1] * 1000:.0f}",
+            f"{min(values) * 1000:.0f}",
+            f"{max(values) * 1000:.0f}",
+        ]
 
     rows = [[label, len(values), *ms(values)] for label, values in results.items()]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    body = "\n\n".join([
-        "`python -m bench.adapter_switch` — " + machine_line() + f" Load average before the run: {load0}; "
-        f"after: {load} (the machine was shared with other work).",
-        "One gateway process with the default `adapter_poll_interval_s: 1` in front of the fake upstream, "
-        "PostgreSQL on localhost, two clients calling the policy back to back. Each trial promotes a new "
-        "version with `lifecycle.promote` at a random moment and measures from its commit to the sending of "
-        "the first call the new version answered. \"poll only\": the same, with the NOTIFY sent on a channel "
-        "no gateway listens to.",
-        markdown_table(["switch", "trials", "median ms", "p90 ms", "min ms", "max ms"], rows),
-    ])
+    body = "\n\n".join(
+        [
+            "`python -m bench.adapter_switch` — " + machine_line() + f" Load average before the run: {load0}; "
+            f"after: {load} (the machine was shared with other work).",
+            "One gateway process with the default `adapter_poll_interval_s: 1` in front of the fake upstream, "
+            "PostgreSQL on localhost, two clients calling the policy back to back. Each trial promotes a new "
+            "version with `lifecycle.promote` at a random moment and measures from its commit to the sending of "
+            'the first call the new version answered. "poll only": the same, with the NOTIFY sent on a channel '
+            "no gateway listens to.",
+            markdown_table(["switch", "trials", "median ms", "p90 ms", "min ms", "max ms"], rows),
+        ]
+    )
     print(body)
     if not args.no_write:
         write_section(TITLE, body)

@@ -88,10 +88,27 @@ class Sizes:
 
     @classmethod
     def for_args(cls, args: argparse.Namespace) -> Sizes:
-        sizes = (cls(rounds=2, c1_requests=60, c1_stream_requests=30, c32_seconds=0.7, c32_max_requests=5000,
-                     c32_min_requests=96, pg_calls=2000) if args.quick else
-                 cls(rounds=7, c1_requests=200, c1_stream_requests=100, c32_seconds=1.5, c32_max_requests=30000,
-                     c32_min_requests=128, pg_calls=10000))
+        sizes = (
+            cls(
+                rounds=2,
+                c1_requests=60,
+                c1_stream_requests=30,
+                c32_seconds=0.7,
+                c32_max_requests=5000,
+                c32_min_requests=96,
+                pg_calls=2000,
+            )
+            if args.quick
+            else cls(
+                rounds=7,
+                c1_requests=200,
+                c1_stream_requests=100,
+                c32_seconds=1.5,
+                c32_max_requests=30000,
+                c32_min_requests=128,
+                pg_calls=10000,
+            )
+        )
         if args.rounds:
             sizes.rounds = args.rounds
         if args.pg_calls:
@@ -122,8 +139,9 @@ class MeasuredProcess(ManagedProcess):
 
     STOP_TIMEOUT_S = 15.0
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 cwd: Path = REPO) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path = REPO
+    ) -> None:
         super().__init__(name, argv, log_path, cwd=cwd)
         if env is not None:
             self.env = env
@@ -203,8 +221,10 @@ async def wait_ready(base_url: str, proc: MeasuredProcess | None, timeout_s: flo
     try:
         while time.perf_counter() - started < timeout_s:
             if proc is not None and not proc.alive():
-                raise RuntimeError(f"{proc.name} exited with status {proc.returncode} while starting; "
-                                   f"log {proc.log_path}:\n{tail(proc.log_path)}")
+                raise RuntimeError(
+                    f"{proc.name} exited with status {proc.returncode} while starting; "
+                    f"log {proc.log_path}:\n{tail(proc.log_path)}"
+                )
             sample = await client.one()
             if sample.ok:
                 return time.perf_counter() - started
@@ -254,8 +274,12 @@ def ensure_litellm_venv(venv: Path, spec: str) -> tuple[Path, str]:
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", spec], check=True, timeout=1800)
         if not binary.exists():
             raise RuntimeError(f"{binary} missing after installing {spec!r}")
-    version = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
-                             capture_output=True, text=True, timeout=60).stdout.strip()
+    version = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
     return binary, version or "unknown"
 
 
@@ -274,8 +298,12 @@ async def start_litellm(binary: Path, upstream_url: str, workers: int, workdir: 
     # master key unless told this).
     env["LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY"] = "true"
     env["PATH"] = f"{binary.parent}:{env.get('PATH', '')}"
-    proc = MeasuredProcess(name, [str(binary), "--config", str(config), "--host", HOST, "--port", str(port),
-                                  "--num_workers", str(workers)], workdir / f"{name}.log", env=env)
+    proc = MeasuredProcess(
+        name,
+        [str(binary), "--config", str(config), "--host", HOST, "--port", str(port), "--num_workers", str(workers)],
+        workdir / f"{name}.log",
+        env=env,
+    )
     target = Target(name, f"http://{HOST}:{port}/v1", proc, proc, workers)
     target.startup_s = await wait_ready(target.base_url, proc, timeout_s)
     return target
@@ -328,8 +356,9 @@ def drop_database(admin_url: str, name: str) -> None:
         log(f"could not drop database {name}: {exc}")
 
 
-async def start_gateway(upstream_url: str, workers: int, workdir: Path, admin_url: str | None, db_prefix: str,
-                        timeout_s: float) -> Target:
+async def start_gateway(
+    upstream_url: str, workers: int, workdir: Path, admin_url: str | None, db_prefix: str, timeout_s: float
+) -> Target:
     name = f"gateway-{workers}w"
     data_dir = workdir / name
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -349,14 +378,31 @@ async def start_gateway(upstream_url: str, workers: int, workdir: Path, admin_ur
     config.write_text("\n".join(lines) + "\n")
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("APPRENTICE_")}
     env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    upgrade = subprocess.run(apprentice_argv() + ["db", "upgrade", "--config", str(config)], capture_output=True,
-                             text=True, timeout=300, cwd=REPO, env=env)
+    upgrade = subprocess.run(
+        apprentice_argv() + ["db", "upgrade", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
     if upgrade.returncode != 0:
-        raise RuntimeError(f"`apprentice db upgrade --config {config}` exited {upgrade.returncode}:\n"
-                           f"{(upgrade.stderr or upgrade.stdout)[-2000:]}")
+        raise RuntimeError(
+            f"`apprentice db upgrade --config {config}` exited {upgrade.returncode}:\n"
+            f"{(upgrade.stderr or upgrade.stdout)[-2000:]}"
+        )
     port = free_port()
-    argv = apprentice_argv() + ["gateway", "--config", str(config), "--host", HOST, "--port", str(port),
-                                "--workers", str(workers)]
+    argv = apprentice_argv() + [
+        "gateway",
+        "--config",
+        str(config),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
     proc = MeasuredProcess(name, argv, workdir / f"{name}.log", env=env)
     target = Target(name, f"http://{HOST}:{port}/v1", proc, proc, workers, database=db_name)
     target.startup_s = await wait_ready(target.base_url, proc, timeout_s)
@@ -388,8 +434,9 @@ async def validate(target: Target, expected_events: int | None) -> int:
     return events
 
 
-async def run_phase(target: Target, upstream: MeasuredProcess, phase: str, concurrency: int, stream: bool,
-                    sizes: Sizes) -> dict[str, Any]:
+async def run_phase(
+    target: Target, upstream: MeasuredProcess, phase: str, concurrency: int, stream: bool, sizes: Sizes
+) -> dict[str, Any]:
     client = target.client(phase, concurrency, stream)
     if concurrency == 1:
         count, duration, min_count = (sizes.c1_stream_requests if stream else sizes.c1_requests), None, 0
@@ -410,26 +457,40 @@ async def run_phase(target: Target, upstream: MeasuredProcess, phase: str, concu
     errors = n - len(good)
     example_error = next((f"{s.status} {s.body_tail[:120]!r}" for s in samples if not s.ok), None)
     return {
-        "n": n, "errors": errors, "example_error": example_error, "elapsed_s": elapsed,
+        "n": n,
+        "errors": errors,
+        "example_error": example_error,
+        "elapsed_s": elapsed,
         "rps": len(good) / elapsed if elapsed > 0 else float("nan"),
-        "p50_ms": percentile(totals, 0.5) * 1e3, "p99_ms": percentile(totals, 0.99) * 1e3,
-        "ttfb_p50_ms": percentile(ttfbs, 0.5) * 1e3, "ttfb_p99_ms": percentile(ttfbs, 0.99) * 1e3,
+        "p50_ms": percentile(totals, 0.5) * 1e3,
+        "p99_ms": percentile(totals, 0.99) * 1e3,
+        "ttfb_p50_ms": percentile(ttfbs, 0.5) * 1e3,
+        "ttfb_p99_ms": percentile(ttfbs, 0.99) * 1e3,
         "cpu_ms_per_req": cpu / n * 1e3 if n else float("nan"),
         "upstream_cpu_ms_per_req": upstream_cpu / n * 1e3 if n else float("nan"),
         "client_cpu_ms_per_req": client_cpu / n * 1e3 if n else float("nan"),
-        "_totals": [s.total for s in good], "_ttfbs": [s.ttfb for s in good],
+        "_totals": [s.total for s in good],
+        "_ttfbs": [s.ttfb for s in good],
     }
 
 
 async def warm_up(target: Target, upstream: MeasuredProcess, sizes: Sizes) -> None:
-    warm = Sizes(rounds=1, c1_requests=30, c1_stream_requests=10, c32_seconds=min(0.5, sizes.c32_seconds),
-                 c32_max_requests=2000, c32_min_requests=64, pg_calls=0)
+    warm = Sizes(
+        rounds=1,
+        c1_requests=30,
+        c1_stream_requests=10,
+        c32_seconds=min(0.5, sizes.c32_seconds),
+        c32_max_requests=2000,
+        c32_min_requests=64,
+        pg_calls=0,
+    )
     for phase, concurrency, stream in PHASES:
         await run_phase(target, upstream, phase, concurrency, stream, warm)
 
 
-async def measure_rounds(targets: list[Target], upstream: MeasuredProcess,
-                         sizes: Sizes) -> dict[str, dict[str, list[dict]]]:
+async def measure_rounds(
+    targets: list[Target], upstream: MeasuredProcess, sizes: Sizes
+) -> dict[str, dict[str, list[dict]]]:
     results: dict[str, dict[str, list[dict]]] = {p: {t.name: [] for t in targets} for p, _, _ in PHASES}
     for round_index in range(sizes.rounds):
         shift = round_index % len(targets)
@@ -440,21 +501,27 @@ async def measure_rounds(targets: list[Target], upstream: MeasuredProcess,
                 if target.failed:
                     continue
                 if target.proc is not None and not target.proc.alive():
-                    target.failed = (f"exited with status {target.proc.returncode} during the run; "
-                                     f"log {target.proc.log_path}:\n{tail(target.proc.log_path)}")
+                    target.failed = (
+                        f"exited with status {target.proc.returncode} during the run; "
+                        f"log {target.proc.log_path}:\n{tail(target.proc.log_path)}"
+                    )
                     log(f"{target.name} {target.failed}")
                     continue
                 result = await run_phase(target, upstream, phase, concurrency, stream, sizes)
                 result["round"] = round_index
                 results[phase][target.name].append(result)
                 if result["errors"]:
-                    log(f"  {target.name} {phase}: {result['errors']}/{result['n']} errors, "
-                        f"e.g. {result['example_error']}")
+                    log(
+                        f"  {target.name} {phase}: {result['errors']}/{result['n']} errors, "
+                        f"e.g. {result['example_error']}"
+                    )
                 if result["n"] and result["errors"] == result["n"]:
                     target.failed = f"every request of phase {phase} failed, e.g. {result['example_error']}"
-        brief = "; ".join(f"{t.name} {results['c1'][t.name][-1]['p50_ms']:.2f} ms/"
-                          f"{results['c32'][t.name][-1]['rps']:.0f} rps"
-                          for t in targets if results["c1"][t.name] and results["c32"][t.name])
+        brief = "; ".join(
+            f"{t.name} {results['c1'][t.name][-1]['p50_ms']:.2f} ms/{results['c32'][t.name][-1]['rps']:.0f} rps"
+            for t in targets
+            if results["c1"][t.name] and results["c32"][t.name]
+        )
         log(f"  c1 p50 / c32 req/s: {brief}")
     return results
 
@@ -471,8 +538,16 @@ def summarize(results: dict[str, dict[str, list[dict]]], targets: list[Target]) 
             if not rounds:
                 continue
             entry: dict[str, Any] = {}
-            for key in ("p50_ms", "p99_ms", "ttfb_p50_ms", "ttfb_p99_ms", "rps", "cpu_ms_per_req",
-                        "upstream_cpu_ms_per_req", "client_cpu_ms_per_req"):
+            for key in (
+                "p50_ms",
+                "p99_ms",
+                "ttfb_p50_ms",
+                "ttfb_p99_ms",
+                "rps",
+                "cpu_ms_per_req",
+                "upstream_cpu_ms_per_req",
+                "client_cpu_ms_per_req",
+            ):
                 entry[key] = median([r[key] for r in rounds])
             totals = sorted(t for r in rounds for t in r["_totals"])
             entry["pooled_p50_ms"] = percentile(totals, 0.5) * 1e3
@@ -499,8 +574,9 @@ async def count_rows(conn: Any) -> int:
 async def postgres_cpu(conn: Any) -> dict[int, float]:
     """CPU seconds of each PostgreSQL backend serving this database (the gateway's connections),
     by pid; the local server runs on this machine."""
-    cursor = await conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                                "AND pid <> pg_backend_pid()")
+    cursor = await conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
     out = {}
     for (pid,) in await cursor.fetchall():
         try:
@@ -526,8 +602,9 @@ async def settled_count(conn: Any, timeout_s: float = 30.0) -> int:
     return last
 
 
-async def wait_for_rows(conn: Any, goal: int, timeout_s: float, interval_s: float = 0.01
-                        ) -> tuple[list[tuple[float, int]], bool]:
+async def wait_for_rows(
+    conn: Any, goal: int, timeout_s: float, interval_s: float = 0.01
+) -> tuple[list[tuple[float, int]], bool]:
     samples: list[tuple[float, int]] = []
     deadline = time.perf_counter() + timeout_s
     while time.perf_counter() < deadline:
@@ -581,7 +658,10 @@ async def measure_recording(target: Target, db_url: str, calls: int, lock_test: 
         pg_after = await postgres_cpu(conn)
         pg_cpu = sum(pg_after[pid] - pg_before[pid] for pid in pg_after if pid in pg_before)
         out["sustained"] = {
-            "ok": ok, "errors": len(samples) - ok, "complete": complete, "recorded": rows[-1][1] - baseline,
+            "ok": ok,
+            "errors": len(samples) - ok,
+            "complete": complete,
+            "recorded": rows[-1][1] - baseline,
             "fire_rps": ok / (t_fired - t_start),
             "recorded_during_load_per_s": (at_fired - baseline) / (t_fired - t_start),
             "lag_after_last_answer_s": t_done - t_fired,
@@ -612,8 +692,12 @@ async def measure_recording(target: Target, db_url: str, calls: int, lock_test: 
             first = next((t for t, c in rows if c > baseline + held), rows[-1][0])
             drained = rows[-1][1] - baseline - held
             out["backlog"] = {
-                "ok": ok, "errors": len(samples) - ok, "rows_shipped_while_locked": held, "complete": complete,
-                "drain_s": rows[-1][0] - t_release, "first_rows_after_s": first - t_release,
+                "ok": ok,
+                "errors": len(samples) - ok,
+                "rows_shipped_while_locked": held,
+                "complete": complete,
+                "drain_s": rows[-1][0] - t_release,
+                "first_rows_after_s": first - t_release,
                 "drain_per_s": drained / (rows[-1][0] - t_release) if rows[-1][0] > t_release else float("nan"),
                 "steady_drain_per_s": steady_rate(rows, baseline + held, baseline + ok),
             }
@@ -634,13 +718,22 @@ def ensure_py_spy(venv: Path) -> Path:
         if not (venv / "bin" / "python").exists():
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
         log(f"installing py-spy into {venv}")
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "py-spy"], check=True,
-                       timeout=600)
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "py-spy"], check=True, timeout=600
+        )
     return binary
 
 
-BOILERPLATE_FRAMES = ("multiprocessing/", "uvicorn/_subprocess.py", "uvicorn/server.py", "uvicorn/supervisors/",
-                      "uvicorn/_compat.py", "asyncio/runners.py", "asyncio/base_events.py", "(<string>:1)")
+BOILERPLATE_FRAMES = (
+    "multiprocessing/",
+    "uvicorn/_subprocess.py",
+    "uvicorn/server.py",
+    "uvicorn/supervisors/",
+    "uvicorn/_compat.py",
+    "asyncio/runners.py",
+    "asyncio/base_events.py",
+    "(<string>:1)",
+)
 
 
 def summarize_collapsed(path: Path, top: int = 20) -> str:
@@ -688,10 +781,26 @@ async def profile_target(target: Target, py_spy: Path, seconds: float, out_dir: 
         stem = out_dir / f"{target.name}-{phase}"
         collapsed = stem.with_suffix(".collapsed.txt")
         assert target.proc is not None
-        spy = subprocess.Popen([str(py_spy), "record", "--pid", str(target.proc.pid), "--subprocesses",
-                                "--duration", str(int(seconds)), "--rate", "200", "--format", "raw",
-                                "--output", str(collapsed), "--nonblocking"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        spy = subprocess.Popen(
+            [
+                str(py_spy),
+                "record",
+                "--pid",
+                str(target.proc.pid),
+                "--subprocesses",
+                "--duration",
+                str(int(seconds)),
+                "--rate",
+                "200",
+                "--format",
+                "raw",
+                "--output",
+                str(collapsed),
+                "--nonblocking",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         await asyncio.sleep(1.0)  # py-spy attaches
         client = LoadClient(endpoint(target.base_url, stream), concurrency)
         await client.run(10**7, duration_s=seconds, max_s=seconds + 5)
@@ -723,13 +832,22 @@ def fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def render(args: argparse.Namespace, sizes: Sizes, targets: list[Target], summary: dict, recording: dict | None,
-           notes: list[str], litellm_version: str | None) -> str:
+def render(
+    args: argparse.Namespace,
+    sizes: Sizes,
+    targets: list[Target],
+    summary: dict,
+    recording: dict | None,
+    notes: list[str],
+    litellm_version: str | None,
+) -> str:
     names = [t.name for t in targets]
     parts = [
-        f"Command: `python -m bench.gateway_overhead {' '.join(sys.argv[1:])}`".rstrip() + ". " + machine_line()
+        f"Command: `python -m bench.gateway_overhead {' '.join(sys.argv[1:])}`".rstrip()
+        + ". "
+        + machine_line()
         + f" Load average (1 min) {LOAD_AT_START:.1f} at the start, {os.getloadavg()[0]:.1f} at the end: "
-          "the machine is shared, so compare targets within this run rather than across runs.",
+        "the machine is shared, so compare targets within this run rather than across runs.",
         "",
         f"Fake upstream `tests/support/fake_upstream.py` (aiohttp, uvloop, one process); LiteLLM proxy "
         f"{litellm_version or '(not run)'} with no database and no master key, default logging; the load client is "
@@ -750,38 +868,105 @@ def render(args: argparse.Namespace, sizes: Sizes, targets: list[Target], summar
     rows = []
     for name in names:
         s = summary["c1-stream"].get(name, {})
-        rows.append([name, *row_latency("c1", name), *row_latency("c1-stream", name),
-                     fmt(s.get("ttfb_p50_ms")), fmt(s.get("added_ttfb_p50_ms"))])
-    parts += ["", "**Concurrency 1, latency (ms)**", "",
-              markdown_table(["target", "p50", "p99", "added p50", "added p99", "stream p50", "stream p99",
-                              "stream added p50", "stream added p99", "stream first byte p50",
-                              "first byte added p50"], rows)]
+        rows.append(
+            [
+                name,
+                *row_latency("c1", name),
+                *row_latency("c1-stream", name),
+                fmt(s.get("ttfb_p50_ms")),
+                fmt(s.get("added_ttfb_p50_ms")),
+            ]
+        )
+    parts += [
+        "",
+        "**Concurrency 1, latency (ms)**",
+        "",
+        markdown_table(
+            [
+                "target",
+                "p50",
+                "p99",
+                "added p50",
+                "added p99",
+                "stream p50",
+                "stream p99",
+                "stream added p50",
+                "stream added p99",
+                "stream first byte p50",
+                "first byte added p50",
+            ],
+            rows,
+        ),
+    ]
 
     reference = "litellm-2w" if "litellm-2w" in names else None
     rows = []
     for name in names:
         a, b = summary["c32"].get(name, {}), summary["c32-stream"].get(name, {})
-        ratio = [fmt(a.get("rps") / summary["c32"][reference]["rps"], 1)
-                 if reference and a and summary["c32"].get(reference) else "–",
-                 fmt(b.get("rps") / summary["c32-stream"][reference]["rps"], 1)
-                 if reference and b and summary["c32-stream"].get(reference) else "–"]
-        rows.append([name, fmt(a.get("rps"), 0), fmt(a.get("p50_ms")), fmt(a.get("p99_ms")), fmt(a.get("added_p50_ms")),
-                     fmt(b.get("rps"), 0), fmt(b.get("p50_ms")), fmt(b.get("p99_ms")), fmt(b.get("added_p50_ms")),
-                     *ratio])
-    parts += ["", "**Concurrency 32, throughput and latency (ms)**", "",
-              markdown_table(["target", "req/s", "p50", "p99", "added p50", "stream req/s", "stream p50", "stream p99",
-                              "stream added p50", f"x {reference or 'litellm-2w'}", "stream x"], rows)]
+        ratio = [
+            fmt(a.get("rps") / summary["c32"][reference]["rps"], 1)
+            if reference and a and summary["c32"].get(reference)
+            else "–",
+            fmt(b.get("rps") / summary["c32-stream"][reference]["rps"], 1)
+            if reference and b and summary["c32-stream"].get(reference)
+            else "–",
+        ]
+        rows.append(
+            [
+                name,
+                fmt(a.get("rps"), 0),
+                fmt(a.get("p50_ms")),
+                fmt(a.get("p99_ms")),
+                fmt(a.get("added_p50_ms")),
+                fmt(b.get("rps"), 0),
+                fmt(b.get("p50_ms")),
+                fmt(b.get("p99_ms")),
+                fmt(b.get("added_p50_ms")),
+                *ratio,
+            ]
+        )
+    parts += [
+        "",
+        "**Concurrency 32, throughput and latency (ms)**",
+        "",
+        markdown_table(
+            [
+                "target",
+                "req/s",
+                "p50",
+                "p99",
+                "added p50",
+                "stream req/s",
+                "stream p50",
+                "stream p99",
+                "stream added p50",
+                f"x {reference or 'litellm-2w'}",
+                "stream x",
+            ],
+            rows,
+        ),
+    ]
 
     rows = []
     for t in targets:
         cpu = [fmt(summary[p].get(t.name, {}).get("cpu_ms_per_req")) for p, _, _ in PHASES]
-        rows.append([t.name + (" (upstream)" if t.name == BASELINE else ""), *cpu, fmt(t.idle_cpu_ms_per_s, 1),
-                     fmt(t.rss_bytes / 2**20, 0) if t.rss_bytes else "–", fmt(t.startup_s, 1)])
+        rows.append(
+            [
+                t.name + (" (upstream)" if t.name == BASELINE else ""),
+                *cpu,
+                fmt(t.idle_cpu_ms_per_s, 1),
+                fmt(t.rss_bytes / 2**20, 0) if t.rss_bytes else "–",
+                fmt(t.startup_s, 1),
+            ]
+        )
     client_cpu = [fmt(median([summary[p][n]["client_cpu_ms_per_req"] for n in summary[p]]), 3) for p, _, _ in PHASES]
     rows.append(["load client", *client_cpu, "–", "–", "–"])
-    parts += ["", "**CPU ms per request, idle CPU (ms per second), memory (RSS of all processes, MiB) and "
-              "start-up (s)**", "",
-              markdown_table(["target", "c1", "c1 stream", "c32", "c32 stream", "idle", "RSS", "start-up"], rows)]
+    parts += [
+        "",
+        "**CPU ms per request, idle CPU (ms per second), memory (RSS of all processes, MiB) and start-up (s)**",
+        "",
+        markdown_table(["target", "c1", "c1 stream", "c32", "c32 stream", "idle", "RSS", "start-up"], rows),
+    ]
 
     if recording:
         rows = []
@@ -790,54 +975,121 @@ def render(args: argparse.Namespace, sizes: Sizes, targets: list[Target], summar
             rows.append(["sustained: calls answered at c32", f"{sustained['ok']:,} ({sustained['errors']} errors)"])
             rows.append(["answer rate (calls/s)", fmt(sustained["fire_rps"], 0)])
             rows.append(["rows landed during the load (calls/s)", fmt(sustained["recorded_during_load_per_s"], 0)])
-            rows.append(["all rows in `calls` after the last answer (s)", fmt(sustained["lag_after_last_answer_s"])
-                         + ("" if sustained["complete"] else f" (INCOMPLETE: {sustained['recorded']:,} rows)")])
+            rows.append(
+                [
+                    "all rows in `calls` after the last answer (s)",
+                    fmt(sustained["lag_after_last_answer_s"])
+                    + ("" if sustained["complete"] else f" (INCOMPLETE: {sustained['recorded']:,} rows)"),
+                ]
+            )
             rows.append(["end to end, first call to last row (calls/s)", fmt(sustained["end_to_end_per_s"], 0)])
-            rows.append(["CPU of the gateway's PostgreSQL backends a call (ms)",
-                         fmt(sustained.get("postgres_cpu_ms_per_call"), 3)])
+            rows.append(
+                [
+                    "CPU of the gateway's PostgreSQL backends a call (ms)",
+                    fmt(sustained.get("postgres_cpu_ms_per_call"), 3),
+                ]
+            )
         backlog = recording.get("backlog")
         if backlog:
-            rows.append(["backlog: calls answered while `calls` was locked", f"{backlog['ok']:,}"
-                         f" ({backlog['rows_shipped_while_locked']} rows got through the lock)"])
-            rows.append(["drain after the lock was released (s)", fmt(backlog["drain_s"])
-                         + ("" if backlog["complete"] else " (INCOMPLETE)")])
-            rows.append(["drain rate (calls/s), whole / steady 10-90%",
-                         f"{fmt(backlog['drain_per_s'], 0)} / {fmt(backlog['steady_drain_per_s'], 0)}"])
-        parts += ["", f"**Calls recorded into PostgreSQL ({recording['target']}, local PostgreSQL, "
-                  f"{recording['calls']:,} calls a test)**", "", markdown_table(["measure", "value"], rows)]
+            rows.append(
+                [
+                    "backlog: calls answered while `calls` was locked",
+                    f"{backlog['ok']:,} ({backlog['rows_shipped_while_locked']} rows got through the lock)",
+                ]
+            )
+            rows.append(
+                [
+                    "drain after the lock was released (s)",
+                    fmt(backlog["drain_s"]) + ("" if backlog["complete"] else " (INCOMPLETE)"),
+                ]
+            )
+            rows.append(
+                [
+                    "drain rate (calls/s), whole / steady 10-90%",
+                    f"{fmt(backlog['drain_per_s'], 0)} / {fmt(backlog['steady_drain_per_s'], 0)}",
+                ]
+            )
+        parts += [
+            "",
+            f"**Calls recorded into PostgreSQL ({recording['target']}, local PostgreSQL, "
+            f"{recording['calls']:,} calls a test)**",
+            "",
+            markdown_table(["measure", "value"], rows),
+        ]
 
     gateways = [n for n in names if n.startswith("gateway")]
     if gateways:
         g = gateways[-1]
         rows = []
         c1, c1s = summary["c1"].get(g, {}), summary["c1-stream"].get(g, {})
-        rows.append(["added p50, c1 (ms)", fmt(c1.get("added_p50_ms")), f"≤ {GOALS['added_p50_c1_ms']}",
-                     check(c1.get("added_p50_ms"), GOALS["added_p50_c1_ms"])])
-        rows.append(["added p99, c1 (ms)", fmt(c1.get("added_p99_ms")), f"≤ {GOALS['added_p99_c1_ms']}",
-                     check(c1.get("added_p99_ms"), GOALS["added_p99_c1_ms"])])
-        rows.append(["added p50, c1 stream (ms)", fmt(c1s.get("added_p50_ms")), f"≤ {GOALS['added_p50_c1_stream_ms']}",
-                     check(c1s.get("added_p50_ms"), GOALS["added_p50_c1_stream_ms"])])
+        rows.append(
+            [
+                "added p50, c1 (ms)",
+                fmt(c1.get("added_p50_ms")),
+                f"≤ {GOALS['added_p50_c1_ms']}",
+                check(c1.get("added_p50_ms"), GOALS["added_p50_c1_ms"]),
+            ]
+        )
+        rows.append(
+            [
+                "added p99, c1 (ms)",
+                fmt(c1.get("added_p99_ms")),
+                f"≤ {GOALS['added_p99_c1_ms']}",
+                check(c1.get("added_p99_ms"), GOALS["added_p99_c1_ms"]),
+            ]
+        )
+        rows.append(
+            [
+                "added p50, c1 stream (ms)",
+                fmt(c1s.get("added_p50_ms")),
+                f"≤ {GOALS['added_p50_c1_stream_ms']}",
+                check(c1s.get("added_p50_ms"), GOALS["added_p50_c1_stream_ms"]),
+            ]
+        )
         for phase in ("c1", "c32"):
             cpu = summary[phase].get(g, {}).get("cpu_ms_per_req")
-            rows.append([f"gateway CPU a request, {phase} (ms)", fmt(cpu), f"≤ {GOALS['cpu_ms_per_request']}",
-                         check(cpu, GOALS["cpu_ms_per_request"])])
+            rows.append(
+                [
+                    f"gateway CPU a request, {phase} (ms)",
+                    fmt(cpu),
+                    f"≤ {GOALS['cpu_ms_per_request']}",
+                    check(cpu, GOALS["cpu_ms_per_request"]),
+                ]
+            )
         if reference and summary["c32"].get(reference) and summary["c32"].get(g):
             ratio = summary["c32"][g]["rps"] / summary["c32"][reference]["rps"]
-            rows.append([f"req/s at c32 vs {reference}", fmt(ratio, 1) + "x", f"≥ {GOALS['throughput_vs_litellm_2w']}x",
-                         check(ratio, GOALS["throughput_vs_litellm_2w"], higher=True)])
+            rows.append(
+                [
+                    f"req/s at c32 vs {reference}",
+                    fmt(ratio, 1) + "x",
+                    f"≥ {GOALS['throughput_vs_litellm_2w']}x",
+                    check(ratio, GOALS["throughput_vs_litellm_2w"], higher=True),
+                ]
+            )
         if recording and recording.get("backlog"):
             rate = recording["backlog"]["drain_per_s"]
-            rows.append(["recorded calls/s shipped into PostgreSQL (backlog drain)", fmt(rate, 0),
-                         f"≥ {GOALS['recorded_calls_per_s']:,.0f}",
-                         check(rate, GOALS["recorded_calls_per_s"], higher=True)])
+            rows.append(
+                [
+                    "recorded calls/s shipped into PostgreSQL (backlog drain)",
+                    fmt(rate, 0),
+                    f"≥ {GOALS['recorded_calls_per_s']:,.0f}",
+                    check(rate, GOALS["recorded_calls_per_s"], higher=True),
+                ]
+            )
         if recording and recording.get("sustained"):
             rate = recording["sustained"]["end_to_end_per_s"]
             sustained = recording["sustained"]
             verdict = check(rate, GOALS["recorded_calls_per_s"], higher=True)
             if verdict == "not met" and sustained["complete"] and sustained["lag_after_last_answer_s"] < 1.0:
                 verdict = f"kept up with the answer rate ({fmt(sustained['fire_rps'], 0)}/s)"
-            rows.append(["recorded calls/s under load (end to end)", fmt(rate, 0),
-                         f"≥ {GOALS['recorded_calls_per_s']:,.0f}", verdict])
+            rows.append(
+                [
+                    "recorded calls/s under load (end to end)",
+                    fmt(rate, 0),
+                    f"≥ {GOALS['recorded_calls_per_s']:,.0f}",
+                    verdict,
+                ]
+            )
         parts += ["", f"**Targets of issue 2 ({g})**", "", markdown_table(["goal", "reached", "target", ""], rows)]
 
     if notes:
@@ -855,33 +1107,58 @@ def check(value: float | None, goal: float, higher: bool = False) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 short rounds; writes nothing by default")
-    parser.add_argument("--targets", default="direct,gateway,litellm",
-                        help="comma-separated: direct, gateway, litellm (default all three)")
+    parser.add_argument(
+        "--targets",
+        default="direct,gateway,litellm",
+        help="comma-separated: direct, gateway, litellm (default all three)",
+    )
     parser.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 7, --quick 2)")
     parser.add_argument("--gateway-workers", default="2", help="comma-separated worker counts (default 2)")
     parser.add_argument("--litellm-workers", default="1,2", help="comma-separated worker counts (default 1,2)")
-    parser.add_argument("--litellm-venv", type=Path, default=REPO / ".bench-venv",
-                        help="virtual environment for the LiteLLM proxy and py-spy, created on demand")
+    parser.add_argument(
+        "--litellm-venv",
+        type=Path,
+        default=REPO / ".bench-venv",
+        help="virtual environment for the LiteLLM proxy and py-spy, created on demand",
+    )
     parser.add_argument("--litellm-spec", default="litellm[proxy]", help="what pip installs into that environment")
-    parser.add_argument("--pg-admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres",
-                        help="PostgreSQL to create the benchmark databases in ('' for the gateway's embedded one)")
+    parser.add_argument(
+        "--pg-admin-url",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help="PostgreSQL to create the benchmark databases in ('' for the gateway's embedded one)",
+    )
     parser.add_argument("--db-prefix", default="apprentice_bench", help="benchmark databases are PREFIX_gwN")
     parser.add_argument("--keep-db", action="store_true", help="leave the benchmark databases after the run")
     parser.add_argument("--pg-calls", type=int, default=0, help="calls per PostgreSQL test (default 10000, quick 2000)")
     parser.add_argument("--no-lock-test", action="store_true", help="skip the backlog-drain test (table lock)")
     parser.add_argument("--start-timeout", type=float, default=120.0, help="seconds a server may take to start")
-    parser.add_argument("--write", dest="write", action="store_true", default=None,
-                        help="write docs/benchmarks.md (default unless --quick)")
+    parser.add_argument(
+        "--write",
+        dest="write",
+        action="store_true",
+        default=None,
+        help="write docs/benchmarks.md (default unless --quick)",
+    )
     parser.add_argument("--no-write", dest="write", action="store_false")
     parser.add_argument("--json", type=Path, help="also dump the raw per-round figures here")
-    parser.add_argument("--profile", type=float, default=0, metavar="SECONDS",
-                        help="after the rounds, sample the gateway with py-spy for SECONDS under c32 and under "
-                             "c1-stream load (py-spy is installed into --litellm-venv)")
-    parser.add_argument("--profile-dir", type=Path, default=Path(tempfile.gettempdir()) / "apprentice-bench-profile",
-                        help="where the profiles go (collapsed stacks and a top-functions summary)")
+    parser.add_argument(
+        "--profile",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="after the rounds, sample the gateway with py-spy for SECONDS under c32 and under "
+        "c1-stream load (py-spy is installed into --litellm-venv)",
+    )
+    parser.add_argument(
+        "--profile-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "apprentice-bench-profile",
+        help="where the profiles go (collapsed stacks and a top-functions summary)",
+    )
     return parser.parse_args(argv)
 
 
@@ -907,8 +1184,11 @@ async def run(args: argparse.Namespace) -> int:
     recording = None
     try:
         upstream_port = free_port()
-        upstream = MeasuredProcess("upstream", [sys.executable, "-m", "tests.support.fake_upstream", "--host", HOST,
-                                                "--port", str(upstream_port)], workdir / "upstream.log")
+        upstream = MeasuredProcess(
+            "upstream",
+            [sys.executable, "-m", "tests.support.fake_upstream", "--host", HOST, "--port", str(upstream_port)],
+            workdir / "upstream.log",
+        )
         procs.append(upstream)
         upstream_url = f"http://{HOST}:{upstream_port}/v1"
         direct = Target(BASELINE, upstream_url, None, upstream)
@@ -922,8 +1202,10 @@ async def run(args: argparse.Namespace) -> int:
                 try:
                     pg_connect(admin_url).close()
                 except Exception as exc:  # noqa: BLE001
-                    notes.append(f"PostgreSQL at {admin_url} unreachable ({exc}); the gateway used its embedded "
-                                 "database and the recording test was skipped")
+                    notes.append(
+                        f"PostgreSQL at {admin_url} unreachable ({exc}); the gateway used its embedded "
+                        "database and the recording test was skipped"
+                    )
                     admin_url = None
             if reason:
                 skipped.append(f"gateway: not measured: {reason}")
@@ -932,8 +1214,9 @@ async def run(args: argparse.Namespace) -> int:
                 for workers in [int(w) for w in args.gateway_workers.split(",") if w.strip()]:
                     log(f"starting gateway with {workers} worker(s)")
                     try:
-                        target = await start_gateway(upstream_url, workers, workdir, admin_url, args.db_prefix,
-                                                     args.start_timeout)
+                        target = await start_gateway(
+                            upstream_url, workers, workdir, admin_url, args.db_prefix, args.start_timeout
+                        )
                     except Exception as exc:  # noqa: BLE001 - say why and go on with the others
                         skipped.append(f"gateway-{workers}w: did not start: {exc}")
                         log(f"GATEWAY DID NOT START: {exc}")
@@ -1000,8 +1283,9 @@ async def run(args: argparse.Namespace) -> int:
             g = gateway_targets[-1]
             log(f"recording test on {g.name}: {sizes.pg_calls} calls at concurrency 32")
             try:
-                recording = await measure_recording(g, database_url(admin_url, g.database or ""), sizes.pg_calls,
-                                                    lock_test=not args.no_lock_test)
+                recording = await measure_recording(
+                    g, database_url(admin_url, g.database or ""), sizes.pg_calls, lock_test=not args.no_lock_test
+                )
             except Exception as exc:  # noqa: BLE001
                 skipped.append(f"recording test failed: {exc!r}")
                 log(f"RECORDING TEST FAILED: {exc!r}")
@@ -1014,9 +1298,16 @@ async def run(args: argparse.Namespace) -> int:
         markdown = render(args, sizes, targets, summary, recording, notes, litellm_version)
         print("\n" + markdown)
         if args.json:
-            raw = {"sizes": sizes.__dict__, "summary": summary, "recording": recording, "notes": notes,
-                   "rounds": {p: {n: [{k: v for k, v in r.items() if not k.startswith("_")} for r in rs]
-                                  for n, rs in by.items()} for p, by in results.items()}}
+            raw = {
+                "sizes": sizes.__dict__,
+                "summary": summary,
+                "recording": recording,
+                "notes": notes,
+                "rounds": {
+                    p: {n: [{k: v for k, v in r.items() if not k.startswith("_")} for r in rs] for n, rs in by.items()}
+                    for p, by in results.items()
+                },
+            }
             args.json.write_text(json.dumps(raw, indent=2, default=str))
         write = (not args.quick) if args.write is None else args.write
         if write and skipped and args.write is None:

@@ -91,12 +91,20 @@ def apprentice_step(model: Any, batch: dict[str, torch.Tensor], micro: int) -> t
     from learner.grpo.trainer import GRPOTrainer, TrainerConfig, TrainSample
 
     ids, advantages, prompt = batch["ids"], batch["advantages"], int(batch["prompt"])
-    samples = [TrainSample(str(i), 0.0, float(advantages[i]),
-                           [Segment(ids[i].tolist(), [False] * prompt + [True] * (ids.shape[1] - prompt), None, 1.0,
-                                    None)]) for i in range(ids.shape[0])]
-    config = TrainerConfig.from_settings(LearningSettings(lr=LR, micro_batch_size=micro,
-                                                          grad_accumulation=ids.shape[0] // micro,
-                                                          eps_low=EPS_LOW, eps_high=EPS_HIGH))
+    samples = [
+        TrainSample(
+            str(i),
+            0.0,
+            float(advantages[i]),
+            [Segment(ids[i].tolist(), [False] * prompt + [True] * (ids.shape[1] - prompt), None, 1.0, None)],
+        )
+        for i in range(ids.shape[0])
+    ]
+    config = TrainerConfig.from_settings(
+        LearningSettings(
+            lr=LR, micro_batch_size=micro, grad_accumulation=ids.shape[0] // micro, eps_low=EPS_LOW, eps_high=EPS_HIGH
+        )
+    )
     trainer = GRPOTrainer(model, config, fresh=True)
     started = time.perf_counter()
     rows = trainer.prepare(samples, {})  # the once-per-run scoring pass (old logprobs)
@@ -126,20 +134,43 @@ def trl_step(model: Any, model_dir: str, batch: dict[str, torch.Tensor]) -> Call
     ids, advantages, prompt = batch["ids"], batch["advantages"], int(batch["prompt"])
     n, completion = ids.shape[0], ids.shape[1] - prompt
     try:
-        args = GRPOConfig(output_dir="/tmp/apprentice-bench-trl", per_device_train_batch_size=n, num_generations=n,
-                          max_completion_length=completion, loss_type="bnpo", beta=0.0, epsilon=EPS_LOW,
-                          epsilon_high=EPS_HIGH, learning_rate=LR, max_grad_norm=1.0, report_to=[], use_cpu=True,
-                          logging_steps=1000, save_strategy="no", bf16=False, fp16=False)
-        trainer = GRPOTrainer(model=model, reward_funcs=[lambda completions, **_: [0.0] * len(completions)], args=args,
-                              # never iterated (we call compute_loss); an explicit fingerprint skips
-                              # datasets' hashing, which fails with some dill / pyarrow pairs
-                              train_dataset=Dataset(pyarrow.table({"prompt": ["x"] * n}), fingerprint="bench"),
-                              processing_class=load_tokenizer(model_dir))
+        args = GRPOConfig(
+            output_dir="/tmp/apprentice-bench-trl",
+            per_device_train_batch_size=n,
+            num_generations=n,
+            max_completion_length=completion,
+            loss_type="bnpo",
+            beta=0.0,
+            epsilon=EPS_LOW,
+            epsilon_high=EPS_HIGH,
+            learning_rate=LR,
+            max_grad_norm=1.0,
+            report_to=[],
+            use_cpu=True,
+            logging_steps=1000,
+            save_strategy="no",
+            bf16=False,
+            fp16=False,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
+            args=args,
+            # never iterated (we call compute_loss); an explicit fingerprint skips
+            # datasets' hashing, which fails with some dill / pyarrow pairs
+            train_dataset=Dataset(pyarrow.table({"prompt": ["x"] * n}), fingerprint="bench"),
+            processing_class=load_tokenizer(model_dir),
+        )
     except Exception as exc:
         return f"GRPOTrainer could not be built: {type(exc).__name__}: {exc}"[:200]
-    inputs = {"prompt_ids": ids[:, :prompt], "prompt_mask": torch.ones_like(ids[:, :prompt]),
-              "completion_ids": ids[:, prompt:], "completion_mask": torch.ones_like(ids[:, prompt:]),
-              "advantages": advantages, "num_items_in_batch": torch.tensor(float(n * completion))}
+    inputs = {
+        "prompt_ids": ids[:, :prompt],
+        "prompt_mask": torch.ones_like(ids[:, :prompt]),
+        "completion_ids": ids[:, prompt:],
+        "completion_mask": torch.ones_like(ids[:, prompt:]),
+        "advantages": advantages,
+        "num_items_in_batch": torch.tensor(float(n * completion)),
+    }
     with torch.no_grad():
         old = trainer._get_per_token_logps_and_entropies(model, ids, torch.ones_like(ids), completion)[0]
     inputs["old_per_token_logps"] = old
@@ -188,8 +219,11 @@ def main() -> None:
         model = fresh_lora(model_dir)
         step, scoring = apprentice_step(model, batch, micro)
         accumulation = args.batch // micro
-        record(f"apprentice GRPOTrainer, micro-batch {micro} x {accumulation}", timed(step, args.steps),
-               f"once-per-run scoring pass {scoring:.2f}s")
+        record(
+            f"apprentice GRPOTrainer, micro-batch {micro} x {accumulation}",
+            timed(step, args.steps),
+            f"once-per-run scoring pass {scoring:.2f}s",
+        )
     if not args.no_trl:
         model = fresh_lora(model_dir)
         step = trl_step(model, model_dir, batch)
@@ -200,26 +234,31 @@ def main() -> None:
             import trl
 
             try:
-                record(f"TRL {trl.__version__} GRPOTrainer.compute_loss (bnpo)", timed(step, args.steps),
-                       "logits at completion positions (logits_to_keep); also computes entropies")
+                record(
+                    f"TRL {trl.__version__} GRPOTrainer.compute_loss (bnpo)",
+                    timed(step, args.steps),
+                    "logits at completion positions (logits_to_keep); also computes entropies",
+                )
             except Exception as exc:
                 notes.append(f"TRL {trl.__version__}: compute_loss failed here: {type(exc).__name__}: {exc}"[:200])
                 print(notes[-1])
     load = os.getloadavg()
-    body = "\n\n".join([
-        f"`python -m bench.learner_step --steps {args.steps} --batch {args.batch} --threads {args.threads}`: one "
-        f"optimizer step (forward, backward, grad clip, AdamW) of LoRA r=8 on all seven projections of "
-        f"{os.path.basename(model_dir)}, fp32 on CPU, {args.batch} sequences of {args.prompt_tokens} prompt + "
-        f"{args.completion_tokens} completion tokens, same loss (clipped ratio, eps 0.2/0.28, token mean) "
-        "in all rows.",
-        markdown_table(["implementation", "median step (s)", "best (s)", "tokens/s", "notes"], rows),
-        "The Apprentice trainer applies the LM head only at loss positions (half the tokens here); the scoring "
-        "pass (old-policy logprobs, no gradient) runs once per learner run, not per step. Micro-batching trades a "
-        "little speed for bounded memory at the same gradient.",
-        *notes,
-        f"{machine_line()} torch {torch.__version__}, {args.threads} threads; load average during the run "
-        f"{load[0]:.1f} / {load[1]:.1f} (other work shares these cores, so absolute times are noisy).",
-    ])
+    body = "\n\n".join(
+        [
+            f"`python -m bench.learner_step --steps {args.steps} --batch {args.batch} --threads {args.threads}`: one "
+            f"optimizer step (forward, backward, grad clip, AdamW) of LoRA r=8 on all seven projections of "
+            f"{os.path.basename(model_dir)}, fp32 on CPU, {args.batch} sequences of {args.prompt_tokens} prompt + "
+            f"{args.completion_tokens} completion tokens, same loss (clipped ratio, eps 0.2/0.28, token mean) "
+            "in all rows.",
+            markdown_table(["implementation", "median step (s)", "best (s)", "tokens/s", "notes"], rows),
+            "The Apprentice trainer applies the LM head only at loss positions (half the tokens here); the scoring "
+            "pass (old-policy logprobs, no gradient) runs once per learner run, not per step. Micro-batching trades a "
+            "little speed for bounded memory at the same gradient.",
+            *notes,
+            f"{machine_line()} torch {torch.__version__}, {args.threads} threads; load average during the run "
+            f"{load[0]:.1f} / {load[1]:.1f} (other work shares these cores, so absolute times are noisy).",
+        ]
+    )
     write_section(TITLE, body)
 
 

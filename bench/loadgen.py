@@ -57,8 +57,13 @@ class Endpoint:
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
-        head = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Content-Type: application/json",
-                f"Content-Length: {len(self.body)}", "Accept: */*"]
+        head = [
+            f"POST {path} HTTP/1.1",
+            f"Host: {self.host}:{self.port}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(self.body)}",
+            "Accept: */*",
+        ]
         head += [f"{name}: {value}" for name, value in self.headers.items()]
         self.request_bytes = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + self.body
 
@@ -74,7 +79,8 @@ class Connection:
 
     async def _connect(self) -> None:
         self.reader, self.writer = await asyncio.wait_for(
-            asyncio.open_connection(self.endpoint.host, self.endpoint.port, limit=MAX_HEAD_BYTES), self.timeout_s)
+            asyncio.open_connection(self.endpoint.host, self.endpoint.port, limit=MAX_HEAD_BYTES), self.timeout_s
+        )
 
     def close(self) -> None:
         if self.writer is not None:
@@ -82,8 +88,12 @@ class Connection:
         self.reader = self.writer = None
 
     def usable(self) -> bool:
-        return (self.writer is not None and not self.writer.is_closing()
-                and self.reader is not None and not self.reader.at_eof())
+        return (
+            self.writer is not None
+            and not self.writer.is_closing()
+            and self.reader is not None
+            and not self.reader.at_eof()
+        )
 
     async def prepare(self) -> None:
         """Reconnect now if the server closed this connection (idle keep-alive timeout), so that the
@@ -184,8 +194,9 @@ class Connection:
         if close:
             self.close()
         ok = status == 200 and (not self.endpoint.stream or b"[DONE]" in tail)
-        return Sample(start=start, ttfb=ttfb, total=total, status=status, ok=ok,
-                      body_tail=bytes(body) if keep_body else tail)
+        return Sample(
+            start=start, ttfb=ttfb, total=total, status=status, ok=ok, body_tail=bytes(body) if keep_body else tail
+        )
 
 
 class LoadClient:
@@ -205,8 +216,9 @@ class LoadClient:
     async def one(self, keep_body: bool = True) -> Sample:
         return await self.connections[0].request(keep_body=keep_body)
 
-    async def run(self, count: int, duration_s: float | None = None, min_count: int = 0,
-                  max_s: float | None = None) -> tuple[list[Sample], float]:
+    async def run(
+        self, count: int, duration_s: float | None = None, min_count: int = 0, max_s: float | None = None
+    ) -> tuple[list[Sample], float]:
         """Send at most `count` requests; stop starting new ones after `duration_s` once at least
         `min_count` were started, and after `max_s` in any case. Each connection sends its next
         request as soon as its previous answer is read. Returns the samples and the wall time from

@@ -60,8 +60,9 @@ def make_adapters(model_dir: str, out: Path, count: int) -> list[Path]:
     for i in range(count):
         torch.manual_seed(i)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
-        peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=ALL_LINEAR_PROJECTIONS,
-                                                      init_lora_weights=False))
+        peft_model = get_peft_model(
+            model, LoraConfig(r=8, lora_alpha=16, target_modules=ALL_LINEAR_PROJECTIONS, init_lora_weights=False)
+        )
         with torch.no_grad():  # small random B: a working adapter that changes little
             for name, param in peft_model.named_parameters():
                 if "lora_B" in name:
@@ -95,8 +96,11 @@ class Probes:
         async with httpx.AsyncClient(timeout=120, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
             while not self._stop.is_set():
                 sent = time.time()
-                body = {"model": self.policy, "max_tokens": 1,
-                        "messages": [{"role": "user", "content": f"probe {uuid.uuid4().hex}"}]}
+                body = {
+                    "model": self.policy,
+                    "max_tokens": 1,
+                    "messages": [{"role": "user", "content": f"probe {uuid.uuid4().hex}"}],
+                }
                 response = await client.post(f"{self.base_url}/chat/completions", json=body)
                 if response.status_code == 200:
                     received = time.time()
@@ -109,8 +113,11 @@ class Probes:
     async def _routing(self) -> None:
         async with httpx.AsyncClient(timeout=120, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
             while not self._stop.is_set():
-                body = {"model": self.policy, "max_tokens": 0,
-                        "messages": [{"role": "user", "content": f"route {uuid.uuid4().hex}"}]}
+                body = {
+                    "model": self.policy,
+                    "max_tokens": 0,
+                    "messages": [{"role": "user", "content": f"route {uuid.uuid4().hex}"}],
+                }
                 await client.post(f"{self.base_url}/chat/completions", json=body)
                 await asyncio.sleep(self.routing_every_s)
 
@@ -135,16 +142,18 @@ def first_routed(db: psycopg.Connection, version_id: uuid.UUID, timeout: float =
     """Arrival time (gateway clock) of the first call the gateway routed to the version."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        row = db.execute("SELECT extract(epoch FROM min(created_at)) FROM calls WHERE adapter_version_id = %s",
-                         (version_id,)).fetchone()
+        row = db.execute(
+            "SELECT extract(epoch FROM min(created_at)) FROM calls WHERE adapter_version_id = %s", (version_id,)
+        ).fetchone()
         if row[0] is not None:
             return float(row[0])
         time.sleep(0.05)
     raise TimeoutError("no call routed to the canary was recorded")
 
 
-async def trials(database_url: str, settings: Any, gateway_url: str, adapters: list[Path],
-                 db: psycopg.Connection) -> tuple[list[dict[str, float]], dict[str, float]]:
+async def trials(
+    database_url: str, settings: Any, gateway_url: str, adapters: list[Path], db: psycopg.Connection
+) -> tuple[list[dict[str, float]], dict[str, float]]:
     from apprentice.promotion import lifecycle, loading, service
     from apprentice.store.engine import make_async_engine
 
@@ -179,19 +188,31 @@ async def trials(database_url: str, settings: Any, gateway_url: str, adapters: l
             commits.clear()
             # The learner's last writes of a run: the run succeeded, its adapter is a candidate.
             ended = time.time()
-            db.execute("INSERT INTO training_runs (id, policy, status, loss, kl, finished_at, produced_version_id) "
-                       "VALUES (%s, 'bench-policy', 'succeeded', 0.1, 0.01, now(), %s)", (run_id, version_id))
-            db.execute("INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, "
-                       "training_run_id) VALUES (%s, 'bench-policy', %s, %s, 'candidate', 'bench', %s, %s)",
-                       (version_id, number, name, str(path), run_id))
+            db.execute(
+                "INSERT INTO training_runs (id, policy, status, loss, kl, finished_at, produced_version_id) "
+                "VALUES (%s, 'bench-policy', 'succeeded', 0.1, 0.01, now(), %s)",
+                (run_id, version_id),
+            )
+            db.execute(
+                "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, "
+                "training_run_id) VALUES (%s, 'bench-policy', %s, %s, 'candidate', 'bench', %s, %s)",
+                (version_id, number, name, str(path), run_id),
+            )
             report = await service.promotion_tick(engine, settings)
             assert not report.errors, report.errors
             assert any(a["version"] == name and a["action"] == "canary" for a in report.actions), report.actions
             committed = commits[0]
             answered = await probes.first_answer(name, after=ended)
             routed = await asyncio.to_thread(first_routed, db, version_id)
-            results.append({"commit": committed - ended, "load": sum(load_times), "switch": routed - committed,
-                            "routed": routed - ended, "answered": answered - ended})
+            results.append(
+                {
+                    "commit": committed - ended,
+                    "load": sum(load_times),
+                    "switch": routed - committed,
+                    "routed": routed - ended,
+                    "answered": answered - ended,
+                }
+            )
             print(f"trial {number}: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in results[-1].items()))
             await lifecycle.reject(engine, version_id, actor="bench", reason="next trial")
             await asyncio.sleep(1.5)  # the gateway stops routing to it
@@ -210,8 +231,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="Model directory (default: SmolLM2-135M-Instruct, fetched).")
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--pg", default=os.environ.get("APPRENTICE_TEST_PG_URL",
-                                                       "postgresql://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument(
+        "--pg", default=os.environ.get("APPRENTICE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
     parser.add_argument("--no-write", action="store_true", help="Print only; leave docs/benchmarks.md alone.")
     args = parser.parse_args()
 
@@ -233,24 +255,59 @@ def main() -> None:
             upgrade(database_url)
             adapters = make_adapters(model_dir, Path(tmp), args.trials)
             server_port, gateway_port = free_port(), free_port()
-            processes.append(subprocess.Popen(
-                [sys.executable, "-m", "apprentice.cli", "serve-model", "--model", model_dir, "--served-model-name",
-                 "bench", "--port", str(server_port), "--log-level", "warning"]))
+            processes.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "apprentice.cli",
+                        "serve-model",
+                        "--model",
+                        model_dir,
+                        "--served-model-name",
+                        "bench",
+                        "--port",
+                        str(server_port),
+                        "--log-level",
+                        "warning",
+                    ]
+                )
+            )
             wait_http(f"http://127.0.0.1:{server_port}/health", timeout=180.0, process=processes[-1])
-            policy = {"name": "bench-policy", "base_model": "bench",
-                      "endpoints": [f"http://127.0.0.1:{server_port}/v1"],
-                      "promotion": {"canary_share": 1.0}}
-            config = {"database_url": database_url, "data_dir": str(Path(tmp) / "gateway"),
-                      "auth": {"mode": "keys", "admin_key": ADMIN_KEY}, "policies": [policy]}
+            policy = {
+                "name": "bench-policy",
+                "base_model": "bench",
+                "endpoints": [f"http://127.0.0.1:{server_port}/v1"],
+                "promotion": {"canary_share": 1.0},
+            }
+            config = {
+                "database_url": database_url,
+                "data_dir": str(Path(tmp) / "gateway"),
+                "auth": {"mode": "keys", "admin_key": ADMIN_KEY},
+                "policies": [policy],
+            }
             config_path = Path(tmp) / "gateway.yaml"
             config_path.write_text(yaml.safe_dump(config))
-            processes.append(subprocess.Popen([sys.executable, "-m", "apprentice.cli", "gateway", "--config",
-                                               str(config_path), "--port", str(gateway_port)]))
+            processes.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "apprentice.cli",
+                        "gateway",
+                        "--config",
+                        str(config_path),
+                        "--port",
+                        str(gateway_port),
+                    ]
+                )
+            )
             wait_http(f"http://127.0.0.1:{gateway_port}/healthz", timeout=180.0, process=processes[-1])
             settings = Settings(**config)
             with psycopg.connect(database_url, autocommit=True) as db:
-                results, extra = asyncio.run(trials(database_url, settings, f"http://127.0.0.1:{gateway_port}/v1",
-                                                    adapters, db))
+                results, extra = asyncio.run(
+                    trials(database_url, settings, f"http://127.0.0.1:{gateway_port}/v1", adapters, db)
+                )
         finally:
             for process in reversed(processes):
                 process.terminate()
@@ -263,31 +320,37 @@ def main() -> None:
     def ms(values: list[float]) -> list[str]:
         return [f"{statistics.median(values) * 1000:.0f}", f"{min(values) * 1000:.0f}", f"{max(values) * 1000:.0f}"]
 
-    rows = [[label, *ms([r[key] for r in results])] for key, label in (
-        ("commit", "run end to canary committed (`promotion_tick`: gates, load + verify, locked transition)"),
-        ("load", "  of which LoRA load + GET /v1/models verification at the endpoint"),
-        ("switch", "commit to the gateway routing new trajectories to the canary (NOTIFY; 1 s poll as fallback)"),
-        ("routed", "**run end to the first call routed to the canary**"),
-        ("answered", "run end to the first answer from the canary received by a client"))]
+    rows = [
+        [label, *ms([r[key] for r in results])]
+        for key, label in (
+            ("commit", "run end to canary committed (`promotion_tick`: gates, load + verify, locked transition)"),
+            ("load", "  of which LoRA load + GET /v1/models verification at the endpoint"),
+            ("switch", "commit to the gateway routing new trajectories to the canary (NOTIFY; 1 s poll as fallback)"),
+            ("routed", "**run end to the first call routed to the canary**"),
+            ("answered", "run end to the first answer from the canary received by a client"),
+        )
+    ]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    body = "\n\n".join([
-        "`python -m bench.promotion_latency` — " + machine_line() + f" Load average before the run: {load0}; "
-        f"after: {load} (the machine was shared with other work).",
-        f"{len(results)} trials; model `{Path(model_dir).name}` on CPU via `apprentice serve-model`, one gateway "
-        "process with the default `adapter_poll_interval_s: 1`, PostgreSQL on localhost. Each trial records a "
-        "finished run and its candidate (LoRA r=8 on all seven projections, as the learner makes them) and runs "
-        "`promotion_tick` at once. Meanwhile two clients send one-token chat calls through the gateway and a third "
-        "sends a call every 20 ms that the endpoint refuses at once (`max_tokens: 0`): the gateway routes and "
-        "records those too, which timestamps its switch (`calls.created_at` of the first call on the canary). The "
-        "canary share is 1.0 so that the first new trajectory after the switch shows it.",
-        markdown_table(["phase", "median ms", "min ms", "max ms"], rows),
-        f"A one-token call took {extra['probe'] * 1000:.0f} ms (median) on this shared machine: the last row is "
-        "bounded by it. The switch is the gateway's LISTEN on the lifecycle's NOTIFY (the poll every "
-        "`adapter_poll_interval_s` only catches what a dropped listener missed; see `bench.adapter_switch`). In "
-        "production add: the time to the next `promotion_tick` when it is not run right after the training run "
-        "(`apprentice learner` runs it at once after a run and every 30 s), and about 1/(s*r) for a canary share "
-        "s and r new trajectories a second.",
-    ])
+    body = "\n\n".join(
+        [
+            "`python -m bench.promotion_latency` — " + machine_line() + f" Load average before the run: {load0}; "
+            f"after: {load} (the machine was shared with other work).",
+            f"{len(results)} trials; model `{Path(model_dir).name}` on CPU via `apprentice serve-model`, one gateway "
+            "process with the default `adapter_poll_interval_s: 1`, PostgreSQL on localhost. Each trial records a "
+            "finished run and its candidate (LoRA r=8 on all seven projections, as the learner makes them) and runs "
+            "`promotion_tick` at once. Meanwhile two clients send one-token chat calls through the gateway and a third "
+            "sends a call every 20 ms that the endpoint refuses at once (`max_tokens: 0`): the gateway routes and "
+            "records those too, which timestamps its switch (`calls.created_at` of the first call on the canary). The "
+            "canary share is 1.0 so that the first new trajectory after the switch shows it.",
+            markdown_table(["phase", "median ms", "min ms", "max ms"], rows),
+            f"A one-token call took {extra['probe'] * 1000:.0f} ms (median) on this shared machine: the last row is "
+            "bounded by it. The switch is the gateway's LISTEN on the lifecycle's NOTIFY (the poll every "
+            "`adapter_poll_interval_s` only catches what a dropped listener missed; see `bench.adapter_switch`). In "
+            "production add: the time to the next `promotion_tick` when it is not run right after the training run "
+            "(`apprentice learner` runs it at once after a run and every 30 s), and about 1/(s*r) for a canary share "
+            "s and r new trajectories a second.",
+        ]
+    )
     print(body)
     if not args.no_write:
         write_section(TITLE, body)

@@ -19,15 +19,22 @@ HEADER = "# Benchmarks\n\nWritten by the scripts under `bench/`; each section na
 def machine_line() -> str:
     """Where and when the figures were measured: they mean little without it."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=REPORT_PATH.parent.parent, check=False).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=REPORT_PATH.parent.parent,
+            check=False,
+        ).stdout.strip()
     except OSError:
         commit = "unknown"
     import os
 
-    return (f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} CPU cores, "
-            f"{platform.system()} {platform.machine()}, Python {platform.python_version()}, "
-            f"commit {commit or 'unknown'}.")
+    return (
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} CPU cores, "
+        f"{platform.system()} {platform.machine()}, Python {platform.python_version()}, "
+        f"commit {commit or 'unknown'}."
+    )
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:

@@ -28,10 +28,42 @@ import httpx
 from openai import AsyncOpenAI
 
 TOPICS = [
-    "the ocean", "a bicycle", "autumn", "a library", "coffee", "the moon", "a thunderstorm", "bread", "a city at night",
-    "a violin", "the desert", "snow", "a train station", "honey", "a lighthouse", "the forest", "a market", "rain",
-    "a mountain", "chess", "a garden", "the wind", "a museum", "tea", "a river", "fireworks", "a clock", "the sun",
-    "a kitten", "the sea breeze", "a castle", "a volcano", "spring", "a bridge", "a candle", "the stars",
+    "the ocean",
+    "a bicycle",
+    "autumn",
+    "a library",
+    "coffee",
+    "the moon",
+    "a thunderstorm",
+    "bread",
+    "a city at night",
+    "a violin",
+    "the desert",
+    "snow",
+    "a train station",
+    "honey",
+    "a lighthouse",
+    "the forest",
+    "a market",
+    "rain",
+    "a mountain",
+    "chess",
+    "a garden",
+    "the wind",
+    "a museum",
+    "tea",
+    "a river",
+    "fireworks",
+    "a clock",
+    "the sun",
+    "a kitten",
+    "the sea breeze",
+    "a castle",
+    "a volcano",
+    "spring",
+    "a bridge",
+    "a candle",
+    "the stars",
 ]
 MAX_WORDS = 8
 MIN_POINTS = 12
@@ -47,8 +79,9 @@ def score(answer: str, finish_reason: str | None, max_words: int) -> float:
     return 1.0 if finish_reason == "stop" and 0 < len(answer.split()) <= max_words else 0.0
 
 
-async def post_reward_later(http: httpx.AsyncClient, trajectory_id: str, reward: float, group: str,
-                            delay_s: float) -> None:
+async def post_reward_later(
+    http: httpx.AsyncClient, trajectory_id: str, reward: float, group: str, delay_s: float
+) -> None:
     await asyncio.sleep(delay_s)
     response = await http.post("/rewards", json={"trajectory_id": trajectory_id, "reward": reward, "group_id": group})
     response.raise_for_status()
@@ -85,14 +118,26 @@ async def main() -> None:
     async def one_run(index: int, topic: str, group: str) -> None:
         async with semaphore:
             raw = await client.chat.completions.with_raw_response.create(
-                model=args.model, messages=task_prompt(topic, args.max_words), max_tokens=args.max_tokens)
+                model=args.model, messages=task_prompt(topic, args.max_words), max_tokens=args.max_tokens
+            )
             completion = raw.parse()
         answer = completion.choices[0].message.content or ""
         reward = score(answer, completion.choices[0].finish_reason, args.max_words)
-        results.append({"run": index, "t": round(time.time() - started, 2), "version": completion.model,
-                        "reward": reward, "words": len(answer.split()), "topic": topic})
-        rewards.append(asyncio.create_task(post_reward_later(
-            http, raw.headers["x-trajectory-id"], reward, group, rng.uniform(0.5, args.max_delay))))
+        results.append(
+            {
+                "run": index,
+                "t": round(time.time() - started, 2),
+                "version": completion.model,
+                "reward": reward,
+                "words": len(answer.split()),
+                "topic": topic,
+            }
+        )
+        rewards.append(
+            asyncio.create_task(
+                post_reward_later(http, raw.headers["x-trajectory-id"], reward, group, rng.uniform(0.5, args.max_delay))
+            )
+        )
 
     index = 0
     while index < args.runs:
@@ -101,9 +146,12 @@ async def main() -> None:
         batch = [one_run(index + k, topic, group) for k in range(min(args.group_size, args.runs - index))]
         await asyncio.gather(*batch)
         index += len(batch)
-        done = results[-len(batch):]
-        print(f"{index:5d} runs  {sum(r['reward'] for r in done)}/{len(done)} within {args.max_words} words  "
-              f"served by {sorted({str(r['version']) for r in done})}", flush=True)
+        done = results[-len(batch) :]
+        print(
+            f"{index:5d} runs  {sum(r['reward'] for r in done)}/{len(done)} within {args.max_words} words  "
+            f"served by {sorted({str(r['version']) for r in done})}",
+            flush=True,
+        )
     await asyncio.gather(*rewards)
     await http.aclose()
     await client.close()
@@ -135,8 +183,10 @@ def plot(results: list[dict[str, object]], path: Path, max_words: int, window: i
     for version in versions:
         points = [(r["run"], r["reward"]) for r in ordered if str(r["version"]) == version]
         xs = [p[0] for p in points]
-        ys = [sum(p[1] for p in points[max(0, i - window + 1): i + 1]) / len(points[max(0, i - window + 1): i + 1])
-              for i in range(len(points))]
+        ys = [
+            sum(p[1] for p in points[max(0, i - window + 1) : i + 1]) / len(points[max(0, i - window + 1) : i + 1])
+            for i in range(len(points))
+        ]
         start = min(len(points) - 1, MIN_POINTS - 1)  # a mean of a handful of runs says little
         rate = sum(p[1] for p in points) / len(points)
         ax.plot(xs[start:], ys[start:], label=f"{version}: {rate:.0%} of {len(points)} runs", linewidth=2)

@@ -51,8 +51,12 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
         finally:
             await state.stop()
 
-    app = FastAPI(title="Apprentice gateway", version=__version__, lifespan=lifespan,
-                  description="OpenAI-compatible gateway that records trajectories and learns from rewards.")
+    app = FastAPI(
+        title="Apprentice gateway",
+        version=__version__,
+        lifespan=lifespan,
+        description="OpenAI-compatible gateway that records trajectories and learns from rewards.",
+    )
     app.state.gateway = state
     app.include_router(operations.router)
     app.include_router(rewards_routes.router)
@@ -65,16 +69,22 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, error: HTTPException) -> Response:
-        return Response(error_body(str(error.detail), ERROR_TYPES.get(error.status_code, "invalid_request_error")),
-                        status_code=error.status_code, media_type="application/json")
+        return Response(
+            error_body(str(error.detail), ERROR_TYPES.get(error.status_code, "invalid_request_error")),
+            status_code=error.status_code,
+            media_type="application/json",
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, error: RequestValidationError) -> Response:
         first = error.errors()[0] if error.errors() else {}
         location = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
         message = f"{location}: {first.get('msg', 'invalid request')}" if location else "invalid request"
-        return Response(error_body(message, "invalid_request_error", location or None, "invalid_value"),
-                        status_code=400, media_type="application/json")
+        return Response(
+            error_body(message, "invalid_request_error", location or None, "invalid_value"),
+            status_code=400,
+            media_type="application/json",
+        )
 
     return app
 
@@ -84,8 +94,9 @@ def limit_body(scope: Scope, receive: Receive, limit: int) -> Receive:
     the FastAPI app turns into OpenAI's error format."""
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        too_large = GatewayError(413, f"request body is {declared} bytes; the limit is {limit} bytes",
-                                 code="request_too_large")
+        too_large = GatewayError(
+            413, f"request body is {declared} bytes; the limit is {limit} bytes", code="request_too_large"
+        )
 
         async def refuse() -> dict:
             raise too_large

@@ -9,16 +9,24 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
-REQUESTS = Counter("apprentice_requests_total", "Requests answered, by endpoint and status class",
-                   ["endpoint", "status"])
-LATENCY = Histogram("apprentice_request_latency_seconds", "Time from request to last byte",
-                    ["endpoint", "stream"], buckets=LATENCY_BUCKETS)
-TTFT = Histogram("apprentice_time_to_first_token_seconds", "Time from request to the first streamed byte",
-                 buckets=LATENCY_BUCKETS)
-UPSTREAM_ERRORS = Counter("apprentice_upstream_errors_total", "Upstream failures and error answers",
-                          ["upstream", "kind"])
-JOURNAL_BACKLOG = Gauge("apprentice_journal_backlog_bytes", "Journal bytes not yet shipped to PostgreSQL",
-                        multiprocess_mode="max")
+REQUESTS = Counter(
+    "apprentice_requests_total", "Requests answered, by endpoint and status class", ["endpoint", "status"]
+)
+LATENCY = Histogram(
+    "apprentice_request_latency_seconds",
+    "Time from request to last byte",
+    ["endpoint", "stream"],
+    buckets=LATENCY_BUCKETS,
+)
+TTFT = Histogram(
+    "apprentice_time_to_first_token_seconds", "Time from request to the first streamed byte", buckets=LATENCY_BUCKETS
+)
+UPSTREAM_ERRORS = Counter(
+    "apprentice_upstream_errors_total", "Upstream failures and error answers", ["upstream", "kind"]
+)
+JOURNAL_BACKLOG = Gauge(
+    "apprentice_journal_backlog_bytes", "Journal bytes not yet shipped to PostgreSQL", multiprocess_mode="max"
+)
 SHIPPED = Counter("apprentice_shipped_calls_total", "Calls shipped from the journal into PostgreSQL")
 SHIP_FAILURES = Counter("apprentice_ship_failures_total", "Failed attempts to ship a journal batch")
 JOURNALED = Counter("apprentice_journaled_calls_total", "Calls written to the local journal")
@@ -28,12 +36,18 @@ JOURNALED = Counter("apprentice_journaled_calls_total", "Calls written to the lo
 # the worker stops succeeding; `time() - apprentice_worker_last_success_timestamp_seconds` stays
 # right. "min" across processes shows the most stale one (0: a process has not succeeded yet).
 WORKER_FAILURES = Counter("apprentice_worker_failures_total", "Failed steps of a background worker", ["worker"])
-WORKER_CONSECUTIVE_FAILURES = Gauge("apprentice_worker_consecutive_failures",
-                                    "Failed steps in a row of a background worker (worst process)", ["worker"],
-                                    multiprocess_mode="max")
-WORKER_LAST_SUCCESS = Gauge("apprentice_worker_last_success_timestamp_seconds",
-                            "Unix time of a background worker's last successful step (most stale process)",
-                            ["worker"], multiprocess_mode="min")
+WORKER_CONSECUTIVE_FAILURES = Gauge(
+    "apprentice_worker_consecutive_failures",
+    "Failed steps in a row of a background worker (worst process)",
+    ["worker"],
+    multiprocess_mode="max",
+)
+WORKER_LAST_SUCCESS = Gauge(
+    "apprentice_worker_last_success_timestamp_seconds",
+    "Unix time of a background worker's last successful step (most stale process)",
+    ["worker"],
+    multiprocess_mode="min",
+)
 
 
 def status_class(status: int) -> str:

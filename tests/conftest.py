@@ -87,8 +87,9 @@ def db(database_url: str) -> Iterator[psycopg.Connection]:
         yield connection
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05,
-             message: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, message: str = "condition"
+) -> Any:
     """Poll until predicate() is truthy; return its value."""
     deadline = time.monotonic() + timeout
     while True:
@@ -120,8 +121,10 @@ def gateway_config(url: str, data_dir: Path, api_base: str, **overrides: Any) ->
         "auth": {"mode": "open"},
         "journal": {"ship_interval_s": 0.05},
         "model_list": [
-            {"model_name": "fake-model",
-             "litellm_params": {"model": "openai/fake-model", "api_base": api_base, "api_key": "sk-upstream-secret"}},
+            {
+                "model_name": "fake-model",
+                "litellm_params": {"model": "openai/fake-model", "api_base": api_base, "api_key": "sk-upstream-secret"},
+            },
         ],
     }
     for key, value in overrides.items():
@@ -133,13 +136,20 @@ def gateway_config(url: str, data_dir: Path, api_base: str, **overrides: Any) ->
 
 
 @pytest.fixture
-def start_gateway(tmp_path: Path, database_url: str,
-                  fake_upstream: FakeUpstreamProcess) -> Iterator[Callable[..., GatewayProcess]]:
+def start_gateway(
+    tmp_path: Path, database_url: str, fake_upstream: FakeUpstreamProcess
+) -> Iterator[Callable[..., GatewayProcess]]:
     """start_gateway(workers=1, port=None, data_dir=None, **config_overrides) -> a running gateway."""
     started: list[GatewayProcess] = []
 
-    def start(*, workers: int = 1, port: int | None = None, data_dir: Path | None = None,
-              env: dict[str, str] | None = None, **overrides: Any) -> GatewayProcess:
+    def start(
+        *,
+        workers: int = 1,
+        port: int | None = None,
+        data_dir: Path | None = None,
+        env: dict[str, str] | None = None,
+        **overrides: Any,
+    ) -> GatewayProcess:
         config = gateway_config(database_url, data_dir or tmp_path / "data", fake_upstream.api_base, **overrides)
         process = GatewayProcess(tmp_path, config, workers=workers, port=port, env=env)
         process.start()

@@ -14,9 +14,11 @@ from tests.conftest import count_rows, wait_for
 
 def add_version(db, policy: str, version: int, status: str, share: float | None = None) -> uuid.UUID:
     version_id = uuid.uuid4()
-    db.execute("INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, canary_share) "
-               "VALUES (%s, %s, %s, %s, %s, 'fake-base', '/nowhere', %s)",
-               (version_id, policy, version, f"{policy}-v{version}", status, share))
+    db.execute(
+        "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, canary_share) "
+        "VALUES (%s, %s, %s, %s, %s, 'fake-base', '/nowhere', %s)",
+        (version_id, policy, version, f"{policy}-v{version}", status, share),
+    )
     return version_id
 
 
@@ -30,8 +32,10 @@ def run(clients: list[openai.OpenAI], task: str, turns: int = 3) -> list[str]:
     for turn in range(turns):
         completion = clients[turn % len(clients)].chat.completions.create(model="agent", messages=messages)
         served.append(completion.model)  # the fake upstream echoes the model it was asked for
-        messages += [completion.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "user", "content": f"go on {turn}"}]
+        messages += [
+            completion.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": f"go on {turn}"},
+        ]
     return served
 
 
@@ -50,8 +54,17 @@ def test_promoted_canary_split_and_switch(start_gateway, fake_upstream, db):
     assert set(arms) == {"agent-v1", "agent-v2"}
     assert 4 <= arms.count("agent-v2") <= 20, f"about half the runs on the canary: {arms.count('agent-v2')}/24"
 
-    rows = wait_for(lambda: (r := db.execute("SELECT upstream_model, adapter_version_id FROM calls "
-                                             "WHERE adapter_version_id IS NOT NULL").fetchall()) and len(r) == 72 and r)
+    rows = wait_for(
+        lambda: (
+            (
+                r := db.execute(
+                    "SELECT upstream_model, adapter_version_id FROM calls WHERE adapter_version_id IS NOT NULL"
+                ).fetchall()
+            )
+            and len(r) == 72
+            and r
+        )
+    )
     assert {(name, str(vid)) for name, vid in rows} == {("agent-v1", str(v1)), ("agent-v2", str(v2))}
 
     # Promote the canary: every process routes new runs to it within a second.
@@ -70,8 +83,12 @@ def test_promoted_canary_split_and_switch(start_gateway, fake_upstream, db):
 
 
 def test_a_run_keeps_the_superseded_canary_for_half_the_unload_grace(start_gateway, fake_upstream, db):
-    policy = {"name": "agent", "base_model": "fake-base", "endpoints": [fake_upstream.api_base],
-              "promotion": {"unload_grace_s": 3.0}}  # a run keeps a stopped version for 1.5 s
+    policy = {
+        "name": "agent",
+        "base_model": "fake-base",
+        "endpoints": [fake_upstream.api_base],
+        "promotion": {"unload_grace_s": 3.0},
+    }  # a run keeps a stopped version for 1.5 s
     gateway = start_gateway(policies=[policy], adapter_poll_interval_s=0.1)
     client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
     add_version(db, "agent", 1, "promoted")

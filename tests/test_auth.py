@@ -19,8 +19,13 @@ from tests.support.processes import REPO_ROOT
 def cli(database_url: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
     config = tmp_path / "cli.yaml"
     config.write_text(yaml.safe_dump({"database_url": database_url, "data_dir": str(tmp_path / "cli-data")}))
-    return subprocess.run([sys.executable, "-m", "apprentice.cli", *args, "--config", str(config)],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "apprentice.cli", *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+    )
 
 
 def test_keys_are_required_checked_hashed_and_revocable(start_gateway, database_url, db, tmp_path):
@@ -37,8 +42,9 @@ def test_keys_are_required_checked_hashed_and_revocable(start_gateway, database_
     missing = httpx.post(gateway.base_url + "/chat/completions", json={"model": "fake-model", "messages": messages})
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "missing_api_key"
     with pytest.raises(openai.AuthenticationError) as wrong:
-        openai.OpenAI(base_url=gateway.base_url, api_key="apk-wrong-key-000000000", max_retries=0).chat.completions.create(
-            model="fake-model", messages=messages)
+        openai.OpenAI(
+            base_url=gateway.base_url, api_key="apk-wrong-key-000000000", max_retries=0
+        ).chat.completions.create(model="fake-model", messages=messages)
     assert wrong.value.code == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=gateway.base_url, api_key="apk-wrong", max_retries=0).models.list()
@@ -60,8 +66,9 @@ def test_keys_are_required_checked_hashed_and_revocable(start_gateway, database_
 
 
 def test_admin_key_from_environment(start_gateway, db):
-    gateway = start_gateway(auth={"mode": "keys", "admin_key": "os.environ/TEST_ADMIN_KEY"},
-                            env={"TEST_ADMIN_KEY": "admin-secret-123456"})
+    gateway = start_gateway(
+        auth={"mode": "keys", "admin_key": "os.environ/TEST_ADMIN_KEY"}, env={"TEST_ADMIN_KEY": "admin-secret-123456"}
+    )
     client = openai.OpenAI(base_url=gateway.base_url, api_key="admin-secret-123456", max_retries=0)
     assert client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}]).choices
     assert "admin-secret-123456" not in gateway.log_text()
@@ -69,11 +76,27 @@ def test_admin_key_from_environment(start_gateway, db):
 
 def test_open_mode_refuses_a_public_address(tmp_path, database_url):
     config = tmp_path / "open.yaml"
-    config.write_text(yaml.safe_dump({"database_url": database_url, "data_dir": str(tmp_path / "d"),
-                                      "auth": {"mode": "open"}}))
-    result = subprocess.run([sys.executable, "-m", "apprentice.cli", "gateway", "--config", str(config),
-                             "--host", "0.0.0.0", "--port", "1"], capture_output=True, text=True, cwd=REPO_ROOT,
-                            timeout=60)
+    config.write_text(
+        yaml.safe_dump({"database_url": database_url, "data_dir": str(tmp_path / "d"), "auth": {"mode": "open"}})
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "apprentice.cli",
+            "gateway",
+            "--config",
+            str(config),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+    )
     assert result.returncode != 0 and "open mode is for local use only" in result.stderr
 
 
@@ -90,8 +113,13 @@ def test_gateway_refuses_an_out_of_date_schema(tmp_path, pg_admin_url):
         url = make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
         config = tmp_path / "old.yaml"
         config.write_text(yaml.safe_dump({"database_url": url, "data_dir": str(tmp_path / "d")}))
-        result = subprocess.run([sys.executable, "-m", "apprentice.cli", "gateway", "--config", str(config)],
-                                capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "apprentice.cli", "gateway", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            cwd=REPO_ROOT,
+            timeout=60,
+        )
         assert result.returncode == 2
         assert "apprentice db upgrade" in result.stderr and "empty" in result.stderr
     finally:

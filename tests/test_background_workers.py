@@ -59,13 +59,20 @@ def test_a_failing_worker_is_reported_in_readyz_and_metrics(start_gateway, db, w
 
     recovered = wait_for(lambda: (r := readiness(gateway)).json()["status"] == "ready" and r, message="recovered")
     assert recovered.json()["failing_workers"] == [] and recovered.json()["checks"]["workers"][POLL]["ok"]
-    wait_for(lambda: metric(httpx.get(gateway.url + "/metrics").text,
-                            f'apprentice_worker_consecutive_failures{{worker="{POLL}"}}') == 0,
-             message="every process recovered")
+    wait_for(
+        lambda: (
+            metric(
+                httpx.get(gateway.url + "/metrics").text, f'apprentice_worker_consecutive_failures{{worker="{POLL}"}}'
+            )
+            == 0
+        ),
+        message="every process recovered",
+    )
 
 
 def promote(database_url: str, version_id: uuid.UUID) -> float:
     """Promote through the lifecycle (which sends the NOTIFY); return when its transaction committed."""
+
     async def run() -> float:
         engine = make_async_engine(database_url)
         try:
@@ -108,14 +115,21 @@ def test_the_listener_reconnects_after_the_database_drops(start_gateway, fake_up
         client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
         assert served_model(client) == "fake-base"
         proxy.cut()
-        listener = wait_for(lambda: (w := readiness(gateway).json()["checks"]["workers"][LISTENER])["failures"] and w,
-                            message="the listener sees the drop")
+        listener = wait_for(
+            lambda: (w := readiness(gateway).json()["checks"]["workers"][LISTENER])["failures"] and w,
+            message="the listener sees the drop",
+        )
         assert listener["last_error"]
         proxy.restore()
         # The poll failed during the outage too and retries after its back-off (a wake does not
         # cut a back-off short): once both are back, the switch is the NOTIFY's alone.
-        wait_for(lambda: all(readiness(gateway).json()["checks"]["workers"][name]["consecutive_failures"] == 0
-                             for name in (LISTENER, POLL)), message="the listener reconnected")
+        wait_for(
+            lambda: all(
+                readiness(gateway).json()["checks"]["workers"][name]["consecutive_failures"] == 0
+                for name in (LISTENER, POLL)
+            ),
+            message="the listener reconnected",
+        )
 
         v1 = add_version(db, "agent", 1, "candidate")
         committed = promote(database_url, v1)

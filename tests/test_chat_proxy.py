@@ -12,17 +12,42 @@ import pytest
 
 from tests.conftest import count_rows, wait_for
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 def stored_call(db, call_id: str) -> dict:
-    row = wait_for(lambda: db.execute(
-        "SELECT request, response, status_code, stream, trajectory_id::text, response_id, prompt_tokens, "
-        "completion_tokens, latency_ms, ttft_ms, error, upstream, tenant FROM calls WHERE id = %s", (call_id,)).fetchone(),
-        message=f"call {call_id} in PostgreSQL")
-    keys = ["request", "response", "status_code", "stream", "trajectory_id", "response_id", "prompt_tokens",
-            "completion_tokens", "latency_ms", "ttft_ms", "error", "upstream", "tenant"]
+    row = wait_for(
+        lambda: db.execute(
+            "SELECT request, response, status_code, stream, trajectory_id::text, response_id, prompt_tokens, "
+            "completion_tokens, latency_ms, ttft_ms, error, upstream, tenant FROM calls WHERE id = %s",
+            (call_id,),
+        ).fetchone(),
+        message=f"call {call_id} in PostgreSQL",
+    )
+    keys = [
+        "request",
+        "response",
+        "status_code",
+        "stream",
+        "trajectory_id",
+        "response_id",
+        "prompt_tokens",
+        "completion_tokens",
+        "latency_ms",
+        "ttft_ms",
+        "error",
+        "upstream",
+        "tenant",
+    ]
     return dict(zip(keys, row, strict=True))
 
 
@@ -38,8 +63,13 @@ def client(gateway) -> openai.OpenAI:
 
 def test_plain_call_is_forwarded_and_recorded(client, db):
     raw = client.chat.completions.with_raw_response.create(
-        model="fake-model", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}],
-        temperature=0.7, seed=3, max_completion_tokens=50, stop=["\n\n"])
+        model="fake-model",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}],
+        temperature=0.7,
+        seed=3,
+        max_completion_tokens=50,
+        stop=["\n\n"],
+    )
     completion = raw.parse()
     assert completion.choices[0].message.content.startswith("hello there")
     call_id, trajectory_id = raw.headers["x-apprentice-call-id"], raw.headers["x-trajectory-id"]
@@ -56,13 +86,20 @@ def test_plain_call_is_forwarded_and_recorded(client, db):
     # The response id the client holds is enough to find the call and its trajectory.
     found = db.execute("SELECT trajectory_id::text FROM calls WHERE response_id = %s", (completion.id,)).fetchone()
     assert found == (trajectory_id,)
-    wait_for(lambda: count_rows(db, "SELECT count(*) FROM trajectories WHERE id = %s AND call_count = 1", trajectory_id))
+    wait_for(
+        lambda: count_rows(db, "SELECT count(*) FROM trajectories WHERE id = %s AND call_count = 1", trajectory_id)
+    )
 
 
 def test_stream_is_passed_through_and_assembled(client, db, fake_upstream):
     raw = client.chat.completions.with_raw_response.create(
-        model="fake-model", messages=[{"role": "user", "content": "stream please"}], stream=True,
-        stream_options={"include_usage": True}, logprobs=True, top_logprobs=2)
+        model="fake-model",
+        messages=[{"role": "user", "content": "stream please"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        logprobs=True,
+        top_logprobs=2,
+    )
     chunks = list(raw.parse())
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.startswith("stream please") and len(text.split()) == 20
@@ -79,7 +116,8 @@ def test_stream_is_passed_through_and_assembled(client, db, fake_upstream):
 
 def test_tools_plain_and_streamed(client, db):
     plain = client.chat.completions.with_raw_response.create(
-        model="fake-model", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS, tool_choice="auto")
+        model="fake-model", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS, tool_choice="auto"
+    )
     call = plain.parse().choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments)["query"] == "weather"
     row = stored_call(db, plain.headers["x-apprentice-call-id"])
@@ -87,7 +125,8 @@ def test_tools_plain_and_streamed(client, db):
     assert row["response"]["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
 
     streamed = client.chat.completions.with_raw_response.create(
-        model="fake-model", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS, stream=True)
+        model="fake-model", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS, stream=True
+    )
     deltas = [c.choices[0].delta.tool_calls for c in streamed.parse() if c.choices and c.choices[0].delta.tool_calls]
     arguments = "".join(d[0].function.arguments or "" for d in deltas)
     assert json.loads(arguments) == {"query": "weather", "n": 0}
@@ -101,8 +140,12 @@ def test_tools_plain_and_streamed(client, db):
 def test_n_choices_and_unknown_fields_pass_through(client, db, fake_upstream):
     marker = uuid.uuid4().hex
     raw = client.chat.completions.with_raw_response.create(
-        model="fake-model", messages=[{"role": "user", "content": "two please"}], n=2,
-        response_format={"type": "json_object"}, extra_body={"x_vendor_field": marker, "return_token_ids": True})
+        model="fake-model",
+        messages=[{"role": "user", "content": "two please"}],
+        n=2,
+        response_format={"type": "json_object"},
+        extra_body={"x_vendor_field": marker, "return_token_ids": True},
+    )
     completion = raw.parse()
     assert [c.index for c in completion.choices] == [0, 1]
     seen = httpx.get(f"http://127.0.0.1:{fake_upstream.port}/_requests").json()
@@ -113,15 +156,21 @@ def test_n_choices_and_unknown_fields_pass_through(client, db, fake_upstream):
     assert len(row["response"]["choices"]) == 2
     assert row["response"]["choices"][0]["token_ids"] and row["response"]["prompt_token_ids"]
     # The upstream's key is sent upstream, never stored, and the client's key is not forwarded.
-    headers = [h for body, h in zip(seen["requests"], seen["headers"], strict=True) if body.get("x_vendor_field") == marker][0]
+    headers = [
+        h for body, h in zip(seen["requests"], seen["headers"], strict=True) if body.get("x_vendor_field") == marker
+    ][0]
     assert headers["authorization"] == "Bearer sk-upstream-secret"
     assert "sk-upstream-secret" not in json.dumps(row, default=str)
 
 
 def test_upstream_errors_keep_status_and_are_recorded(start_gateway, fake_upstream, db):
-    failing = [{"model_name": f"broken-{status}",
-                "litellm_params": {"model": f"openai/fail-{status}", "api_base": fake_upstream.api_base}}
-               for status in (500, 429, 400)]
+    failing = [
+        {
+            "model_name": f"broken-{status}",
+            "litellm_params": {"model": f"openai/fail-{status}", "api_base": fake_upstream.api_base},
+        }
+        for status in (500, 429, 400)
+    ]
     gateway = start_gateway(model_list=failing)
     client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
     with pytest.raises(openai.InternalServerError) as failure:
@@ -132,8 +181,14 @@ def test_upstream_errors_keep_status_and_are_recorded(start_gateway, fake_upstre
         client.chat.completions.create(model="broken-429", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="broken-400", stream=True, messages=[{"role": "user", "content": "x"}])
-    rows = wait_for(lambda: db.execute("SELECT status_code, error FROM calls ORDER BY created_at").fetchall()
-                    if count_rows(db, "SELECT count(*) FROM calls") == 3 else None, message="three error calls")
+    rows = wait_for(
+        lambda: (
+            db.execute("SELECT status_code, error FROM calls ORDER BY created_at").fetchall()
+            if count_rows(db, "SELECT count(*) FROM calls") == 3
+            else None
+        ),
+        message="three error calls",
+    )
     assert [r[0] for r in rows] == [500, 429, 400]
     assert rows[0][1]["error"]["message"] == "fake upstream failure 500"
 
@@ -144,15 +199,23 @@ def test_retries_and_fallbacks_before_first_byte(start_gateway, fake_upstream, d
         {"model_name": "backup", "litellm_params": {"model": "openai/fake-model", "api_base": fake_upstream.api_base}},
         {"model_name": "dead", "litellm_params": {"model": "openai/fake-model", "api_base": "http://127.0.0.1:9/v1"}},
     ]
-    gateway = start_gateway(model_list=entries, router_settings={"num_retries": 1, "fallbacks": [{"primary": ["backup"]}]})
+    gateway = start_gateway(
+        model_list=entries, router_settings={"num_retries": 1, "fallbacks": [{"primary": ["backup"]}]}
+    )
     client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
     completion = client.chat.completions.create(model="primary", messages=[{"role": "user", "content": "fall back"}])
     assert completion.choices[0].message.content.startswith("fall back")
     with pytest.raises(openai.APIStatusError) as unreachable:
         client.chat.completions.create(model="dead", messages=[{"role": "user", "content": "x"}])
     assert unreachable.value.status_code == 502 and "no upstream answered" in unreachable.value.message
-    rows = wait_for(lambda: db.execute("SELECT model, upstream, status_code FROM calls ORDER BY created_at").fetchall()
-                    if count_rows(db, "SELECT count(*) FROM calls") == 2 else None, message="two calls")
+    rows = wait_for(
+        lambda: (
+            db.execute("SELECT model, upstream, status_code FROM calls ORDER BY created_at").fetchall()
+            if count_rows(db, "SELECT count(*) FROM calls") == 2
+            else None
+        ),
+        message="two calls",
+    )
     assert rows == [("primary", "backup", 200), ("dead", None, 502)]
 
 
@@ -163,13 +226,16 @@ def test_gateway_errors_in_openai_format(gateway, client, db):
     with pytest.raises(openai.BadRequestError) as missing:
         client.chat.completions.create(model="fake-model", messages=[])
     assert missing.value.param == "messages"
-    bad_json = httpx.post(gateway.base_url + "/chat/completions", content=b"{not json",
-                          headers={"content-type": "application/json"})
+    bad_json = httpx.post(
+        gateway.base_url + "/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert bad_json.status_code == 400 and bad_json.json()["error"]["code"] == "invalid_json"
     no_model = httpx.post(gateway.base_url + "/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
     assert no_model.status_code == 400 and no_model.json()["error"]["param"] == "model"
-    bad_stream = httpx.post(gateway.base_url + "/chat/completions",
-                            json={"model": "fake-model", "stream": "yes", "messages": [{"role": "user", "content": "x"}]})
+    bad_stream = httpx.post(
+        gateway.base_url + "/chat/completions",
+        json={"model": "fake-model", "stream": "yes", "messages": [{"role": "user", "content": "x"}]},
+    )
     assert bad_stream.status_code == 400 and bad_stream.json()["error"]["param"] == "stream"
     unknown_path = httpx.get(gateway.url + "/nope")
     assert unknown_path.status_code == 404 and "error" in unknown_path.json()
@@ -196,11 +262,13 @@ async def test_async_client_concurrent_calls(gateway, db):
 
     async def one(i: int) -> str:
         if i % 2:
-            stream = await client.chat.completions.create(model="fake-model", stream=True,
-                                                          messages=[{"role": "user", "content": f"async {i}"}])
+            stream = await client.chat.completions.create(
+                model="fake-model", stream=True, messages=[{"role": "user", "content": f"async {i}"}]
+            )
             return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-        completion = await client.chat.completions.create(model="fake-model",
-                                                          messages=[{"role": "user", "content": f"async {i}"}])
+        completion = await client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": f"async {i}"}]
+        )
         return completion.choices[0].message.content
 
     texts = await asyncio.gather(*(one(i) for i in range(40)))
@@ -213,17 +281,23 @@ async def test_async_client_concurrent_calls(gateway, db):
 
 def test_litellm_path(start_gateway, fake_upstream, db):
     """Providers that are not OpenAI-compatible go through litellm (forced here on the fake)."""
-    entry = {"model_name": "via-litellm", "forward": "litellm",
-             "litellm_params": {"model": "openai/fake-model", "api_base": fake_upstream.api_base, "api_key": "sk-x"}}
+    entry = {
+        "model_name": "via-litellm",
+        "forward": "litellm",
+        "litellm_params": {"model": "openai/fake-model", "api_base": fake_upstream.api_base, "api_key": "sk-x"},
+    }
     gateway = start_gateway(model_list=[entry])
     client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
     completion = client.chat.completions.create(model="via-litellm", messages=[{"role": "user", "content": "lite"}])
     assert completion.choices[0].message.content.startswith("lite")
-    stream = client.chat.completions.create(model="via-litellm", stream=True,
-                                            messages=[{"role": "user", "content": "lite stream"}])
+    stream = client.chat.completions.create(
+        model="via-litellm", stream=True, messages=[{"role": "user", "content": "lite stream"}]
+    )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text.startswith("lite stream")
-    wait_for(lambda: count_rows(db, "SELECT count(*) FROM calls WHERE model = 'via-litellm' AND status_code = 200") == 2)
+    wait_for(
+        lambda: count_rows(db, "SELECT count(*) FROM calls WHERE model = 'via-litellm' AND status_code = 200") == 2
+    )
 
 
 def test_body_limit_applies_to_rewards_even_when_chunked(start_gateway):
@@ -237,25 +311,35 @@ def test_body_limit_applies_to_rewards_even_when_chunked(start_gateway):
 
     chunked = httpx.post(gateway.base_url + "/rewards", content=chunks(), headers={"content-type": "application/json"})
     assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
-    declared = httpx.post(gateway.base_url + "/rewards", content=b"{" + b" " * 5000 + b"}",
-                          headers={"content-type": "application/json"})
+    declared = httpx.post(
+        gateway.base_url + "/rewards", content=b"{" + b" " * 5000 + b"}", headers={"content-type": "application/json"}
+    )
     assert declared.status_code == 413
 
 
 def test_litellm_path_applies_the_policys_temperature(start_gateway, fake_upstream, db):
     """A policy served through litellm gets the temperature the policy enforces, as recorded."""
-    entry = {"model_name": "lite-agent", "forward": "litellm",
-             "litellm_params": {"model": "openai/fake-model", "api_base": fake_upstream.api_base, "api_key": "sk-x"}}
+    entry = {
+        "model_name": "lite-agent",
+        "forward": "litellm",
+        "litellm_params": {"model": "openai/fake-model", "api_base": fake_upstream.api_base, "api_key": "sk-x"},
+    }
     policy = {"name": "lite-agent", "base_model": "fake-model", "temperature": 0.3}
     gateway = start_gateway(model_list=[entry], policies=[policy])
     client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
     httpx.delete(f"http://127.0.0.1:{fake_upstream.port}/_requests")
     client.chat.completions.create(model="lite-agent", temperature=1.5, messages=[{"role": "user", "content": "t"}])
-    stream = client.chat.completions.create(model="lite-agent", temperature=1.5, stream=True,
-                                            messages=[{"role": "user", "content": "t stream"}])
+    stream = client.chat.completions.create(
+        model="lite-agent", temperature=1.5, stream=True, messages=[{"role": "user", "content": "t stream"}]
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices).startswith("t stream")
     forwarded = httpx.get(f"http://127.0.0.1:{fake_upstream.port}/_requests").json()["requests"]
     assert [body["temperature"] for body in forwarded] == [0.3, 0.3]
-    rows = wait_for(lambda: (r := db.execute("SELECT temperature FROM calls WHERE policy = 'lite-agent'").fetchall())
-                    and len(r) == 2 and r)
+    rows = wait_for(
+        lambda: (
+            (r := db.execute("SELECT temperature FROM calls WHERE policy = 'lite-agent'").fetchall())
+            and len(r) == 2
+            and r
+        )
+    )
     assert {row[0] for row in rows} == {0.3}

@@ -39,8 +39,12 @@ def test_compose_file_is_valid_and_complete():
 
 @pytest.mark.parametrize("path", K8S_FILES, ids=lambda p: p.name)
 def test_kubernetes_manifests_validate_strictly(path: Path):
-    result = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", str(path)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -38,8 +38,7 @@ class LocalServerProcess(ModelServerProcess):
     """The local server on the tiny model, with a way to read which adapters it holds."""
 
     def __init__(self, workdir: Path, model_dir: Path) -> None:
-        super().__init__(workdir, model_dir, "tiny", "--threads", "1", "--default-max-tokens", "4",
-                         start_timeout=120)
+        super().__init__(workdir, model_dir, "tiny", "--threads", "1", "--default-max-tokens", "4", start_timeout=120)
 
     def models(self) -> dict[str, str | None]:
         return {m["id"]: m.get("root") for m in httpx.get(f"{self.api_base}/models", timeout=30).json()["data"]}
@@ -72,23 +71,40 @@ def local_server(tiny: Models, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def policy_config(name: str, server: LocalServerProcess, **promotion: Any) -> dict[str, Any]:
-    return {"name": name, "base_model": "tiny", "endpoints": [server.api_base], "temperature": 1.0,
-            "promotion": {"canary_share": 0.5, "min_samples": 6, "unload_grace_s": 30, **promotion}}
+    return {
+        "name": name,
+        "base_model": "tiny",
+        "endpoints": [server.api_base],
+        "temperature": 1.0,
+        "promotion": {"canary_share": 0.5, "min_samples": 6, "unload_grace_s": 30, **promotion},
+    }
 
 
 def start_gateways(start_gateway, tmp_path: Path, policy: dict[str, Any], count: int) -> list[Any]:
-    return [start_gateway(data_dir=tmp_path / f"gateway-{i}", policies=[policy], adapter_poll_interval_s=0.2,
-                          auth={"mode": "keys", "admin_key": ADMIN_KEY}) for i in range(count)]
+    return [
+        start_gateway(
+            data_dir=tmp_path / f"gateway-{i}",
+            policies=[policy],
+            adapter_poll_interval_s=0.2,
+            auth={"mode": "keys", "admin_key": ADMIN_KEY},
+        )
+        for i in range(count)
+    ]
 
 
 def add_candidate(db, policy: str, number: int, path: Path, *, loss: float = 0.31, kl: float = 0.02) -> uuid.UUID:
     """What the learner writes when a run ends: the run (succeeded) and its candidate version."""
     run_id, version_id = uuid.uuid4(), uuid.uuid4()
-    db.execute("INSERT INTO training_runs (id, policy, status, loss, kl, finished_at, produced_version_id) "
-               "VALUES (%s, %s, 'succeeded', %s, %s, now(), %s)", (run_id, policy, loss, kl, version_id))
-    db.execute("INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, training_run_id, "
-               "rank, alpha) VALUES (%s, %s, %s, %s, 'candidate', 'tiny', %s, %s, 8, 16)",
-               (version_id, policy, number, f"{policy}-v{number}", str(path), run_id))
+    db.execute(
+        "INSERT INTO training_runs (id, policy, status, loss, kl, finished_at, produced_version_id) "
+        "VALUES (%s, %s, 'succeeded', %s, %s, now(), %s)",
+        (run_id, policy, loss, kl, version_id),
+    )
+    db.execute(
+        "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, training_run_id, "
+        "rank, alpha) VALUES (%s, %s, %s, %s, 'candidate', 'tiny', %s, %s, 8, 16)",
+        (version_id, policy, number, f"{policy}-v{number}", str(path), run_id),
+    )
     return version_id
 
 
@@ -129,8 +145,12 @@ def run_task(gateways: list[Any], policy: str, task: str, turns: int = 2) -> Run
     start = next(_counter)
     for turn in range(turns):
         gateway = gateways[(start + turn) % len(gateways)]
-        response = httpx.post(f"{gateway.base_url}/chat/completions", headers=AUTH, timeout=120,
-                              json={"model": policy, "messages": messages, "max_tokens": 4})
+        response = httpx.post(
+            f"{gateway.base_url}/chat/completions",
+            headers=AUTH,
+            timeout=120,
+            json={"model": policy, "messages": messages, "max_tokens": 4},
+        )
         assert response.status_code == 200, response.text
         body = response.json()
         served.append(body["model"])
@@ -143,14 +163,20 @@ def run_task(gateways: list[Any], policy: str, task: str, turns: int = 2) -> Run
 
 
 def post_rewards(gateway: Any, rewards: list[tuple[str, float]]) -> None:
-    response = httpx.post(f"{gateway.base_url}/rewards", headers=AUTH, timeout=60,
-                          json={"rewards": [{"trajectory_id": t, "reward": v} for t, v in rewards]})
+    response = httpx.post(
+        f"{gateway.base_url}/rewards",
+        headers=AUTH,
+        timeout=60,
+        json={"rewards": [{"trajectory_id": t, "reward": v} for t, v in rewards]},
+    )
     assert response.status_code == 200, response.text
 
 
 def linked(db, trajectory_ids: list[str]) -> int:
-    return db.execute("SELECT count(*) FROM rewards WHERE status = 'linked' AND trajectory_id = ANY(%s::uuid[])",
-                      ([uuid.UUID(t) for t in trajectory_ids],)).fetchone()[0]
+    return db.execute(
+        "SELECT count(*) FROM rewards WHERE status = 'linked' AND trajectory_id = ANY(%s::uuid[])",
+        ([uuid.UUID(t) for t in trajectory_ids],),
+    ).fetchone()[0]
 
 
 def admin(gateway: Any, method: str, path: str, json: Any = None) -> httpx.Response:
@@ -210,8 +236,16 @@ class BackgroundLoad:
         await asyncio.gather(*(self._worker(w) for w in range(self.concurrency)))
 
 
-def canary_round(db, gateways, policy: str, names: tuple[str, str], canary_reward: float,
-                 incumbent_reward: float, rng: random.Random, min_each: int = 8) -> list[Run]:
+def canary_round(
+    db,
+    gateways,
+    policy: str,
+    names: tuple[str, str],
+    canary_reward: float,
+    incumbent_reward: float,
+    rng: random.Random,
+    min_each: int = 8,
+) -> list[Run]:
     """Runs until both arms have `min_each` runs; rewards them (canary vs incumbent) by POST /v1/rewards."""
     runs: list[Run] = []
     while min(sum(r.served[0] == name for r in runs) for name in names) < min_each:
@@ -219,8 +253,10 @@ def canary_round(db, gateways, policy: str, names: tuple[str, str], canary_rewar
         runs.append(run_task(gateways, policy, f"task {uuid.uuid4().hex[:8]}: name a colour"))
     assert all(len(set(r.served)) == 1 for r in runs), "every run stays on the version of its first call"
     assert {r.served[0] for r in runs} == set(names)
-    rewards = [(r.trajectory_id, (canary_reward if r.served[0] == names[0] else incumbent_reward)
-                + rng.uniform(-0.05, 0.05)) for r in runs]
+    rewards = [
+        (r.trajectory_id, (canary_reward if r.served[0] == names[0] else incumbent_reward) + rng.uniform(-0.05, 0.05))
+        for r in runs
+    ]
     post_rewards(gateways[0], rewards)
     wait_for(lambda: linked(db, [r.trajectory_id for r in runs]) == len(runs), timeout=30, message="rewards linked")
     return runs
@@ -228,9 +264,9 @@ def canary_round(db, gateways, policy: str, names: tuple[str, str], canary_rewar
 
 def routes_to(gateways: list[Any], policy: str, name: str) -> None:
     """Within a few seconds, every gateway sends new runs to `name`."""
+
     def all_there() -> bool:
-        return all(run_task([g], policy, f"probe {uuid.uuid4().hex[:6]}", turns=1).served == [name]
-                   for g in gateways)
+        return all(run_task([g], policy, f"probe {uuid.uuid4().hex[:6]}", turns=1).served == [name] for g in gateways)
 
     wait_for(all_there, timeout=10, interval=0.2, message=f"every gateway on {name}")
     for gateway in gateways:  # and stays there
@@ -291,21 +327,40 @@ def test_full_cycle(start_gateway, local_server, tiny, db, database_url, tmp_pat
 
     assert load.failures == [], load.failures[:5]
     assert "agent-v4" not in local_server.models()
-    transitions = db.execute("SELECT v.name, t.to_status, t.actor FROM adapter_transitions t JOIN adapter_versions v "
-                             "ON v.id = t.adapter_version_id ORDER BY t.id").fetchall()
-    assert transitions == [("agent-v1", "promoted", "admin"), ("agent-v2", "canary", "auto"),
-                           ("agent-v1", "retired", "auto"), ("agent-v2", "promoted", "auto"),
-                           ("agent-v2", "retired", "admin"), ("agent-v1", "promoted", "admin"),
-                           ("agent-v3", "canary", "auto"), ("agent-v4", "rejected", "auto"),
-                           ("agent-v3", "rejected", "auto")]
+    transitions = db.execute(
+        "SELECT v.name, t.to_status, t.actor FROM adapter_transitions t JOIN adapter_versions v "
+        "ON v.id = t.adapter_version_id ORDER BY t.id"
+    ).fetchall()
+    assert transitions == [
+        ("agent-v1", "promoted", "admin"),
+        ("agent-v2", "canary", "auto"),
+        ("agent-v1", "retired", "auto"),
+        ("agent-v2", "promoted", "auto"),
+        ("agent-v2", "retired", "admin"),
+        ("agent-v1", "promoted", "admin"),
+        ("agent-v3", "canary", "auto"),
+        ("agent-v4", "rejected", "auto"),
+        ("agent-v3", "rejected", "auto"),
+    ]
 
     # Every call a client saw is recorded, naming the version that served it.
     names = dict(db.execute("SELECT id::text, name FROM adapter_versions").fetchall())
     seen = dict(load.seen)
-    recorded = wait_for(lambda: (rows := db.execute(
-        "SELECT id::text, adapter_version_id::text, upstream_model, status_code FROM calls "
-        "WHERE id = ANY(%s::uuid[])",
-        (list(seen),)).fetchall()) and len(rows) == len(seen) and rows, timeout=30, message="all calls recorded")
+    recorded = wait_for(
+        lambda: (
+            (
+                rows := db.execute(
+                    "SELECT id::text, adapter_version_id::text, upstream_model, status_code FROM calls "
+                    "WHERE id = ANY(%s::uuid[])",
+                    (list(seen),),
+                ).fetchall()
+            )
+            and len(rows) == len(seen)
+            and rows
+        ),
+        timeout=30,
+        message="all calls recorded",
+    )
     assert {row[3] for row in recorded} == {200}
     assert all(names[row[1]] == row[2] == seen[row[0]] for row in recorded)
     assert {seen[c] for c in seen} >= {"agent-v1", "agent-v2"}, "the load ran across the switches"
@@ -347,8 +402,12 @@ def test_reviewed_policy_waits_for_the_admin(start_gateway, local_server, tiny, 
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "version_not_found"
     conflict = admin(gateway, "POST", "/policies/reviewer/rollback", {"version": 2})
     assert conflict.status_code == 409 and "reviewer-v2 is canary" in conflict.json()["error"]["message"]
-    assert httpx.get(f"{gateway.base_url}/admin/policies", timeout=30,
-                     headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert (
+        httpx.get(
+            f"{gateway.base_url}/admin/policies", timeout=30, headers={"Authorization": "Bearer nope"}
+        ).status_code
+        == 401
+    )
 
     paused = admin(gateway, "POST", "/policies/reviewer/pause")
     assert paused.status_code == 200 and paused.json()["learning_paused"] is True
@@ -360,9 +419,11 @@ def test_reviewed_policy_waits_for_the_admin(start_gateway, local_server, tiny, 
     assert approved.json()["changed"] and approved.json()["version"]["status"] == "promoted"
     assert admin(gateway, "POST", "/versions/reviewer-v2/approve").json()["changed"] is False
     routes_to([gateway], "reviewer", "reviewer-v2")
-    actors = db.execute("SELECT v.name, t.to_status, t.actor, t.reason FROM adapter_transitions t JOIN "
-                        "adapter_versions v ON v.id = t.adapter_version_id WHERE t.to_status = 'promoted' "
-                        "ORDER BY t.id").fetchall()
+    actors = db.execute(
+        "SELECT v.name, t.to_status, t.actor, t.reason FROM adapter_transitions t JOIN "
+        "adapter_versions v ON v.id = t.adapter_version_id WHERE t.to_status = 'promoted' "
+        "ORDER BY t.id"
+    ).fetchall()
     assert actors[-1] == ("reviewer-v2", "promoted", "admin", "rewards look better")
     versions = admin(gateway, "GET", "/policies/reviewer/versions").json()["data"]
     assert [(v["name"], v["status"]) for v in versions] == [("reviewer-v2", "promoted"), ("reviewer-v1", "retired")]

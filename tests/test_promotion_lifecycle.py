@@ -22,24 +22,38 @@ ENDPOINT = "http://vllm:8000"
 
 
 def settings_for(database_url: str, **promotion) -> Settings:
-    return Settings(database_url=database_url, policies=[{
-        "name": "agent", "base_model": "base", "endpoints": [f"{ENDPOINT}/v1"],
-        "promotion": {"min_samples": 10, "canary_share": 0.3, **promotion}}])
+    return Settings(
+        database_url=database_url,
+        policies=[
+            {
+                "name": "agent",
+                "base_model": "base",
+                "endpoints": [f"{ENDPOINT}/v1"],
+                "promotion": {"min_samples": 10, "canary_share": 0.3, **promotion},
+            }
+        ],
+    )
 
 
 def add_run(db, *, status: str = "succeeded", loss: float | None = 0.2, kl: float | None = 0.01) -> uuid.UUID:
     run_id = uuid.uuid4()
-    db.execute("INSERT INTO training_runs (id, policy, status, loss, kl, finished_at) VALUES (%s, 'agent', %s, %s, %s, "
-               "CASE WHEN %s = 'running' THEN NULL ELSE now() END)", (run_id, status, loss, kl, status))
+    db.execute(
+        "INSERT INTO training_runs (id, policy, status, loss, kl, finished_at) VALUES (%s, 'agent', %s, %s, %s, "
+        "CASE WHEN %s = 'running' THEN NULL ELSE now() END)",
+        (run_id, status, loss, kl, status),
+    )
     return run_id
 
 
-def add_version(db, number: int, *, status: str = "candidate", run: uuid.UUID | None = None,
-                path: str | None = None) -> uuid.UUID:
+def add_version(
+    db, number: int, *, status: str = "candidate", run: uuid.UUID | None = None, path: str | None = None
+) -> uuid.UUID:
     version_id = uuid.uuid4()
-    db.execute("INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, training_run_id) "
-               "VALUES (%s, 'agent', %s, %s, %s, 'base', %s, %s)",
-               (version_id, number, f"agent-v{number}", status, path or f"/adapters/v{number}", run))
+    db.execute(
+        "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, training_run_id) "
+        "VALUES (%s, 'agent', %s, %s, %s, 'base', %s, %s)",
+        (version_id, number, f"agent-v{number}", status, path or f"/adapters/v{number}", run),
+    )
     return version_id
 
 
@@ -51,13 +65,17 @@ def add_rewarded(db, version_id: uuid.UUID | None, values: list[float], since: d
     at = since or datetime.now(timezone.utc)
     for value in values:
         trajectory = uuid.uuid4()
-        db.execute("INSERT INTO trajectories (id, tenant, model, policy, adapter_version_id, first_call_at, "
-                   "last_call_at, call_count) VALUES (%s, 't', 'agent', 'agent', %s, %s, %s, 1)",
-                   (trajectory, version_id, at, at))
-        db.execute("INSERT INTO rewards (id, tenant, target_kind, target, trajectory_id, status, linked_at, name, "
-                   "value, content_hash, source, observed_at) VALUES (%s, 't', 'trajectory', %s, %s, 'linked', "
-                   "now(), 'reward', %s, '\\x00', 'key', now())",
-                   (uuid.uuid4(), str(trajectory), trajectory, value))
+        db.execute(
+            "INSERT INTO trajectories (id, tenant, model, policy, adapter_version_id, first_call_at, "
+            "last_call_at, call_count) VALUES (%s, 't', 'agent', 'agent', %s, %s, %s, 1)",
+            (trajectory, version_id, at, at),
+        )
+        db.execute(
+            "INSERT INTO rewards (id, tenant, target_kind, target, trajectory_id, status, linked_at, name, "
+            "value, content_hash, source, observed_at) VALUES (%s, 't', 'trajectory', %s, %s, 'linked', "
+            "now(), 'reward', %s, '\\x00', 'key', now())",
+            (uuid.uuid4(), str(trajectory), trajectory, value),
+        )
 
 
 @pytest.fixture
@@ -96,8 +114,10 @@ async def test_transitions_are_recorded_idempotent_and_guarded(db, engine):
     assert back.changed and (status_of(db, v1), status_of(db, v2)) == ("promoted", "retired")
     assert not (await lifecycle.rollback(engine, v1, actor="carol")).changed
 
-    rows = db.execute("SELECT v.name, t.from_status, t.to_status, t.actor, t.reason FROM adapter_transitions t "
-                      "JOIN adapter_versions v ON v.id = t.adapter_version_id ORDER BY t.id").fetchall()
+    rows = db.execute(
+        "SELECT v.name, t.from_status, t.to_status, t.actor, t.reason FROM adapter_transitions t "
+        "JOIN adapter_versions v ON v.id = t.adapter_version_id ORDER BY t.id"
+    ).fetchall()
     assert rows == [
         ("agent-v1", "candidate", "canary", "alice", "looks fine"),
         ("agent-v1", "canary", "promoted", "auto", "better"),
@@ -112,8 +132,10 @@ async def test_transitions_are_recorded_idempotent_and_guarded(db, engine):
 
 async def test_concurrent_transitions_serialise(db, engine):
     versions = [add_version(db, n) for n in range(1, 7)]
-    starts = await asyncio.gather(*(lifecycle.start_canary(engine, v, actor=f"admin{i}", share=0.2)
-                                    for i, v in enumerate(versions)), return_exceptions=True)
+    starts = await asyncio.gather(
+        *(lifecycle.start_canary(engine, v, actor=f"admin{i}", share=0.2) for i, v in enumerate(versions)),
+        return_exceptions=True,
+    )
     assert sum(1 for r in starts if isinstance(r, lifecycle.TransitionResult)) == 1
     assert all("already has a canary" in str(r) for r in starts if isinstance(r, Exception))
 
@@ -127,8 +149,9 @@ async def test_concurrent_transitions_serialise(db, engine):
     assert retired == 5
     # and the same promotion asked twice at once writes one transition
     target = next(v for v in versions if status_of(db, v) == "retired")
-    twice = await asyncio.gather(lifecycle.rollback(engine, target, actor="a"), lifecycle.rollback(engine, target,
-                                                                                                   actor="b"))
+    twice = await asyncio.gather(
+        lifecycle.rollback(engine, target, actor="a"), lifecycle.rollback(engine, target, actor="b")
+    )
     assert sorted(o.changed for o in twice) == [False, True]
 
 
@@ -142,8 +165,9 @@ async def test_gates_keep_bad_candidates_out_and_the_good_one_becomes_canary(db,
     report = await service.promotion_tick(engine, settings, client=client)
     assert not report.errors
     assert [status_of(db, v) for v in (nan, drifted, failed, running)] == ["rejected"] * 3 + ["candidate"]
-    assert fake.requests == [] or all(b.get("lora_name") not in ("agent-v1", "agent-v2", "agent-v3")
-                                      for _, b in fake.requests)
+    assert fake.requests == [] or all(
+        b.get("lora_name") not in ("agent-v1", "agent-v2", "agent-v3") for _, b in fake.requests
+    )
     reason = db.execute("SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s", (nan,)).fetchone()[0]
     assert reason == "gates failed: loss_finite: the loss is nan"
     gates = db.execute("SELECT gates FROM adapter_versions WHERE id = %s", (nan,)).fetchone()[0]
@@ -193,8 +217,9 @@ async def test_automatic_and_reviewed_verdicts(db, engine, vllm, database_url):
     add_rewarded(db, canary, [rng.uniform(0.5, 1.0) for _ in range(12)])
     await service.promotion_tick(engine, automatic, client=client)
     assert status_of(db, worse) == "rejected"
-    reason = db.execute("SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = "
-                        "'rejected'", (worse,)).fetchone()[0]
+    reason = db.execute(
+        "SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = 'rejected'", (worse,)
+    ).fetchone()[0]
     assert reason.startswith("lineage significantly worse: mean difference -")
 
     slow = add_version(db, 4, run=add_run(db))
@@ -239,13 +264,16 @@ async def test_rollback_reconcile_and_retention(db, engine, vllm, database_url, 
     report = await service.promotion_tick(engine, settings, client=client)
     # the promoted version the endpoint lacked is loaded; the rejected one unloaded; others untouched
     assert fake.loaded == {"agent-v3": str(paths[3]), "unrelated": "/x"}
-    assert {(a["version"], a["action"]) for a in report.actions} >= {("agent-v3", "reloaded"),
-                                                                     ("agent-v2", "unloaded"),
-                                                                     ("agent-v2", "files_deleted")}
+    assert {(a["version"], a["action"]) for a in report.actions} >= {
+        ("agent-v3", "reloaded"),
+        ("agent-v2", "unloaded"),
+        ("agent-v2", "files_deleted"),
+    }
     # newest 2 (v5, v4) kept, v1 (was promoted) and v3 kept, v2 deleted
     assert [p.exists() for p in paths.values()] == [True, False, True, True, True]
     assert db.execute("SELECT name FROM adapter_versions WHERE files_deleted_at IS NOT NULL").fetchall() == [
-        ("agent-v2",)]
+        ("agent-v2",)
+    ]
 
     result = await service.rollback(engine, settings, "agent", "v1", actor="alice", client=client)
     assert result.transition.changed and [e.action for e in result.endpoints] == ["loaded"]
@@ -283,19 +311,24 @@ async def test_reconciler_unload_cannot_undo_a_concurrent_rollback(db, engine, d
     settings = settings_for(database_url, unload_grace_s=0)
     v1 = add_version(db, 1, status="retired")
     add_version(db, 2, status="promoted")
-    db.execute("INSERT INTO adapter_transitions (adapter_version_id, policy, from_status, to_status, actor, created_at) "
-               "VALUES (%s, 'agent', 'promoted', 'retired', 'auto', now() - interval '1 hour')", (v1,))
+    db.execute(
+        "INSERT INTO adapter_transitions (adapter_version_id, policy, from_status, to_status, actor, created_at) "
+        "VALUES (%s, 'agent', 'promoted', 'retired', 'auto', now() - interval '1 hour')",
+        (v1,),
+    )
     fake.loaded.update({"agent-v1": "/adapters/v1", "agent-v2": "/adapters/v2"})
     async with httpx.AsyncClient(transport=httpx.MockTransport(slow)) as client:
         await asyncio.gather(
             service.reconcile(engine, settings.policies[0], client=client),
-            service.rollback(engine, settings, "agent", "v1", actor="alice", client=client))
+            service.rollback(engine, settings, "agent", "v1", actor="alice", client=client),
+        )
     assert status_of(db, v1) == "promoted"
     assert "agent-v1" in fake.loaded, "the promoted adapter must be loaded whatever the interleaving"
 
 
 async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_lineage_version(
-        db, engine, vllm, database_url):
+    db, engine, vllm, database_url
+):
     from apprentice.promotion.lineage import lineage_head
     from apprentice.promotion.status import VersionStatus
 
@@ -311,8 +344,9 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
     add_rewarded(db, v1, [rng.uniform(0.0, 0.5) for _ in range(8)])
     await service.promotion_tick(engine, settings, client=client)
     assert status_of(db, v2) == "canary", "fewer than min_samples: no verdict"
-    started = db.execute("SELECT created_at FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = "
-                         "'canary'", (v2,)).fetchone()[0]
+    started = db.execute(
+        "SELECT created_at FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = 'canary'", (v2,)
+    ).fetchone()[0]
 
     # a newer gated version of the lineage: loaded, then the canary moves to it with the same share
     v3 = add_version(db, 3, run=add_run(db))
@@ -322,11 +356,15 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
     assert {"agent-v2", "agent-v3"} <= set(fake.loaded), "the superseded canary stays loaded for the grace"
     assert db.execute("SELECT canary_share FROM adapter_versions WHERE id = %s", (v3,)).fetchone()[0] == 0.3
     assert ("agent-v3", "canary") in {(a["version"], a["action"]) for a in report.actions}
-    moves = db.execute("SELECT v.name, t.from_status, t.to_status, t.reason FROM adapter_transitions t JOIN "
-                       "adapter_versions v ON v.id = t.adapter_version_id WHERE t.created_at > %s ORDER BY t.id",
-                       (started,)).fetchall()
-    assert moves == [("agent-v2", "canary", "candidate", "superseded by agent-v3"),
-                     ("agent-v3", "candidate", "canary", "gates passed; the canary follows its lineage from agent-v2")]
+    moves = db.execute(
+        "SELECT v.name, t.from_status, t.to_status, t.reason FROM adapter_transitions t JOIN "
+        "adapter_versions v ON v.id = t.adapter_version_id WHERE t.created_at > %s ORDER BY t.id",
+        (started,),
+    ).fetchall()
+    assert moves == [
+        ("agent-v2", "canary", "candidate", "superseded by agent-v3"),
+        ("agent-v3", "candidate", "canary", "gates passed; the canary follows its lineage from agent-v2"),
+    ]
     evaluation = (await service.version_detail(engine, settings, v3)).version.evaluation
     assert evaluation["canary_since"] == started.isoformat(), "the lineage's clock, not the latest move's"
     assert evaluation["canary"]["n"] == 8 and evaluation["newest"]["canary"]["n"] == 0
@@ -337,8 +375,9 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
     add_rewarded(db, v1, [rng.uniform(0.0, 0.5) for _ in range(8)])
     await service.promotion_tick(engine, settings, client=client)
     assert (status_of(db, v3), status_of(db, v1), status_of(db, v2)) == ("promoted", "retired", "candidate")
-    reason = db.execute("SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = "
-                        "'promoted'", (v3,)).fetchone()[0]
+    reason = db.execute(
+        "SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = 'promoted'", (v3,)
+    ).fetchone()[0]
     assert reason.startswith("lineage significantly better: mean difference +")
 
     # the next lineage: its newest version alone significantly worse rejects the whole lineage
@@ -399,7 +438,10 @@ def test_the_admin_api_shows_the_lineage_and_what_each_version_trained_on(start_
     assert detail["parent"] == {"id": str(v2), "name": "agent-v2"}
     assert detail["lineage"] is True and detail["lineage_head"] == "agent-v3" and detail["samples"] == 48
     assert [(s["name"], s["trajectories"]) for s in detail["sampled_by"]] == [
-        ("agent-v1", 3), ("agent-v2", 2), (None, 1)]
+        ("agent-v1", 3),
+        ("agent-v2", 2),
+        (None, 1),
+    ]
     listing = {v["name"]: v for v in get("/policies/agent/versions")["data"]}
     assert listing["agent-v1"]["lineage"] is False and listing["agent-v1"]["parent"] is None
     assert listing["agent-v2"]["parent"]["name"] == "agent-v1" and listing["agent-v2"]["sampled_by"] == []

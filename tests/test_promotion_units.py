@@ -23,10 +23,18 @@ from apprentice.promotion.status import VersionStatus
 
 # ---------------------------------------------------------------- statistics
 
-@pytest.mark.parametrize(("p", "df", "expected"), [
-    (0.975, 1, 12.706204736), (0.975, 10, 2.228138852), (0.95, 30, 1.697260887),
-    (0.995, 5, 4.032142984), (0.975, math.inf, 1.959963985), (0.025, 10, -2.228138852),
-])
+
+@pytest.mark.parametrize(
+    ("p", "df", "expected"),
+    [
+        (0.975, 1, 12.706204736),
+        (0.975, 10, 2.228138852),
+        (0.95, 30, 1.697260887),
+        (0.995, 5, 4.032142984),
+        (0.975, math.inf, 1.959963985),
+        (0.025, 10, -2.228138852),
+    ],
+)
 def test_t_quantiles_match_tables(p, df, expected):
     assert ev.t_ppf(p, df) == pytest.approx(expected, abs=1e-6)
 
@@ -109,11 +117,34 @@ def test_sequential_compare_and_the_lineage_decision():
 
 # ---------------------------------------------------------------- gates
 
-A_RUN = TrainingRun(id=uuid.uuid4(), policy="agent", status="succeeded", trigger="manual", host=None, pid=None,
-                    started_at=datetime(2026, 1, 1, tzinfo=timezone.utc), finished_at=None, from_version_id=None,
-                    produced_version_id=None, trajectories=None, groups=None, groups_equal_rewards=None,
-                    groups_greedy=None, samples=None, tokens=None, loss=0.25, mean_reward=None, mean_advantage=None,
-                    kl=0.01, clip_fraction=None, duration_s=None, code_version=None, config={}, metrics={}, error=None)
+A_RUN = TrainingRun(
+    id=uuid.uuid4(),
+    policy="agent",
+    status="succeeded",
+    trigger="manual",
+    host=None,
+    pid=None,
+    started_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    finished_at=None,
+    from_version_id=None,
+    produced_version_id=None,
+    trajectories=None,
+    groups=None,
+    groups_equal_rewards=None,
+    groups_greedy=None,
+    samples=None,
+    tokens=None,
+    loss=0.25,
+    mean_reward=None,
+    mean_advantage=None,
+    kl=0.01,
+    clip_fraction=None,
+    duration_s=None,
+    code_version=None,
+    config={},
+    metrics={},
+    error=None,
+)
 
 
 def run(**fields):
@@ -146,17 +177,33 @@ def test_gates():
 
 # ---------------------------------------------------------------- state machine and retention
 
+
 def test_transition_table():
     allowed = {(a, b) for a in lifecycle.STATUSES for b in lifecycle.STATUSES if lifecycle.is_allowed(a, b)}
-    assert allowed == {("candidate", "canary"), ("candidate", "promoted"), ("canary", "promoted"),
-                       ("retired", "promoted"), ("promoted", "retired"), ("candidate", "rejected"),
-                       ("canary", "rejected"), ("canary", "candidate")}  # the last: superseded in its lineage
+    assert allowed == {
+        ("candidate", "canary"),
+        ("candidate", "promoted"),
+        ("canary", "promoted"),
+        ("retired", "promoted"),
+        ("promoted", "retired"),
+        ("candidate", "rejected"),
+        ("canary", "rejected"),
+        ("canary", "candidate"),
+    }  # the last: superseded in its lineage
 
 
 def test_retention_plan_keeps_last_k_and_everything_ever_promoted():
     ids = {n: uuid.uuid4() for n in range(1, 9)}
-    statuses = {1: "retired", 2: "rejected", 3: "rejected", 4: "retired", 5: "rejected", 6: "promoted",
-                7: "rejected", 8: "candidate"}
+    statuses = {
+        1: "retired",
+        2: "rejected",
+        3: "rejected",
+        4: "retired",
+        5: "rejected",
+        6: "promoted",
+        7: "rejected",
+        8: "candidate",
+    }
     versions = [version_row(ids[n], n, s) for n, s in statuses.items()]
     gone = datetime(2026, 1, 1, tzinfo=timezone.utc)
     versions[2] = dataclasses.replace(versions[2], files_deleted_at=gone)  # v3: already gone
@@ -171,14 +218,32 @@ def test_retention_plan_keeps_last_k_and_everything_ever_promoted():
 
 def version_row(version_id: uuid.UUID, number: int, status: str) -> AdapterVersion:
     at = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    return AdapterVersion.from_row({
-        "id": version_id, "policy": "agent", "version": number, "name": f"agent-v{number}", "status": status,
-        "base_model": "base", "path": f"/adapters/v{number}", "parent_version_id": None, "training_run_id": None,
-        "rank": None, "alpha": None, "target_modules": None, "canary_share": None, "gates": {}, "evaluation": {},
-        "files_deleted_at": None, "created_at": at, "updated_at": at})
+    return AdapterVersion.from_row(
+        {
+            "id": version_id,
+            "policy": "agent",
+            "version": number,
+            "name": f"agent-v{number}",
+            "status": status,
+            "base_model": "base",
+            "path": f"/adapters/v{number}",
+            "parent_version_id": None,
+            "training_run_id": None,
+            "rank": None,
+            "alpha": None,
+            "target_modules": None,
+            "canary_share": None,
+            "gates": {},
+            "evaluation": {},
+            "files_deleted_at": None,
+            "created_at": at,
+            "updated_at": at,
+        }
+    )
 
 
 # ---------------------------------------------------------------- loading against a scripted endpoint
+
 
 class FakeVLLM:
     """Answers like vLLM's LoRA API; `script` injects failures per request path."""
@@ -198,26 +263,54 @@ class FakeVLLM:
                 raise httpx.ConnectError("connection refused", request=request)
             return httpx.Response(status, json={"error": {"message": "busy", "type": "x", "code": status}})
         if path.endswith("/models"):
-            return httpx.Response(200, json={"object": "list", "data": [{"id": "base", "root": "/base"}] + [
-                {"id": n, "root": p, "parent": "base"} for n, p in self.loaded.items()]})
+            return httpx.Response(
+                200,
+                json={
+                    "object": "list",
+                    "data": [{"id": "base", "root": "/base"}]
+                    + [{"id": n, "root": p, "parent": "base"} for n, p in self.loaded.items()],
+                },
+            )
         if path.endswith("/load_lora_adapter"):
             name, lpath = body["lora_name"], body["lora_path"]
             if "missing" in lpath:
-                return httpx.Response(404, json={"error": {"message": f"Loading lora {name} failed: No adapter "
-                                                                      f"found for {lpath}", "type": "NotFoundError",
-                                                           "code": 404}})
+                return httpx.Response(
+                    404,
+                    json={
+                        "error": {
+                            "message": f"Loading lora {name} failed: No adapter found for {lpath}",
+                            "type": "NotFoundError",
+                            "code": 404,
+                        }
+                    },
+                )
             if name in self.loaded and not body.get("load_inplace"):
-                return httpx.Response(400, json={"error": {"message": f"The lora adapter '{name}' has already been "
-                                                                      "loaded. If you want to load the adapter in "
-                                                                      "place, set 'load_inplace' to True.",
-                                                           "type": "InvalidUserInput", "code": 400}})
+                return httpx.Response(
+                    400,
+                    json={
+                        "error": {
+                            "message": f"The lora adapter '{name}' has already been "
+                            "loaded. If you want to load the adapter in "
+                            "place, set 'load_inplace' to True.",
+                            "type": "InvalidUserInput",
+                            "code": 400,
+                        }
+                    },
+                )
             self.loaded[name] = lpath
             return httpx.Response(200, text=f"Success: LoRA adapter '{name}' added successfully.")
         if path.endswith("/unload_lora_adapter"):
             if body["lora_name"] not in self.loaded:
-                return httpx.Response(404, json={"error": {"message": f"The lora adapter '{body['lora_name']}' "
-                                                                      "cannot be found.", "type": "NotFoundError",
-                                                           "code": 404}})
+                return httpx.Response(
+                    404,
+                    json={
+                        "error": {
+                            "message": f"The lora adapter '{body['lora_name']}' cannot be found.",
+                            "type": "NotFoundError",
+                            "code": 404,
+                        }
+                    },
+                )
             del self.loaded[body["lora_name"]]
             return httpx.Response(200, text="Success")
         return httpx.Response(404)
@@ -266,8 +359,14 @@ async def test_loading_is_idempotent_retried_and_verified():
         with pytest.raises(loading.LoadError) as missing:
             await loading.ensure_loaded(endpoints, "p-v3", "/adapters/missing", client=client, backoff_s=0.01)
         assert missing.value.permanent and "No adapter found" in str(missing.value)
-        assert sum(1 for p, _ in fakes["http://a:8000"].requests if p.endswith("load_lora_adapter")
-                   and _["lora_name"] == "p-v3") == 1  # a 404 is not retried
+        assert (
+            sum(
+                1
+                for p, _ in fakes["http://a:8000"].requests
+                if p.endswith("load_lora_adapter") and _["lora_name"] == "p-v3"
+            )
+            == 1
+        )  # a 404 is not retried
 
         fakes["http://b:8000"].script["/v1/models"] = [500] * 10
         with pytest.raises(loading.LoadError) as down:
@@ -283,6 +382,8 @@ async def test_loading_is_idempotent_retried_and_verified():
 def test_promotion_does_not_import_torch():
     import subprocess
 
-    code = ("import sys, apprentice.promotion.service, gateway.endpoints.admin.routes; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, apprentice.promotion.service, gateway.endpoints.admin.routes; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

@@ -15,28 +15,45 @@ from tests.conftest import count_rows, wait_for
 POLICY = "grader-agent"
 
 
-def chat(gateway, content: str, *, client_id: str | None = None, group: str | None = None,
-         model: str = "fake-model", key: str = "x") -> httpx.Response:
+def chat(
+    gateway,
+    content: str,
+    *,
+    client_id: str | None = None,
+    group: str | None = None,
+    model: str = "fake-model",
+    key: str = "x",
+) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"}
     if client_id:
         headers["X-Trajectory-Id"] = client_id
     if group:
         headers["X-Group-Id"] = group
-    response = httpx.post(gateway.base_url + "/chat/completions", headers=headers, timeout=30,
-                          json={"model": model, "messages": [{"role": "user", "content": content}]})
+    response = httpx.post(
+        gateway.base_url + "/chat/completions",
+        headers=headers,
+        timeout=30,
+        json={"model": model, "messages": [{"role": "user", "content": content}]},
+    )
     assert response.status_code == 200, response.text
     return response
 
 
 def post(gateway, body, *, key: str = "x", headers: dict | None = None) -> httpx.Response:
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(gateway.base_url + "/rewards", content=data, timeout=30,
-                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", **(headers or {})})
+    return httpx.post(
+        gateway.base_url + "/rewards",
+        content=data,
+        timeout=30,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", **(headers or {})},
+    )
 
 
 def rewards_rows(db) -> list[tuple]:
-    return db.execute("SELECT trajectory_id::text, name, value, status, superseded_at IS NULL, idempotency_key "
-                      "FROM rewards ORDER BY seq").fetchall()
+    return db.execute(
+        "SELECT trajectory_id::text, name, value, status, superseded_at IS NULL, idempotency_key "
+        "FROM rewards ORDER BY seq"
+    ).fetchall()
 
 
 def shipped(db, n: int) -> None:
@@ -68,17 +85,20 @@ def test_idempotency_history_and_latest_wins(start_gateway, db):
     post(gateway, {"trajectory_id": trajectory, "name": "csat", "reward": 3, "timestamp": now + 20})
     late_old = post(gateway, {"trajectory_id": trajectory, "name": "csat", "reward": 1, "timestamp": now + 10})
     assert late_old.json()["current"] is False
-    current = db.execute("SELECT name, value FROM rewards WHERE superseded_at IS NULL AND status = 'linked' "
-                         "ORDER BY name").fetchall()
+    current = db.execute(
+        "SELECT name, value FROM rewards WHERE superseded_at IS NULL AND status = 'linked' ORDER BY name"
+    ).fetchall()
     assert current == [("csat", 3.0), ("reward", 0.9)]
-    newest = post(gateway, {"trajectory_id": trajectory, "reward": 0.1,
-                            "timestamp": "2099-01-01T00:00:00Z"})
+    newest = post(gateway, {"trajectory_id": trajectory, "reward": 0.1, "timestamp": "2099-01-01T00:00:00Z"})
     assert newest.json()["current"] is True
     assert count_rows(db, "SELECT count(*) FROM rewards") == 5
     history = httpx.get(gateway.base_url + f"/trajectories/{trajectory}", params={"history": "true"}).json()
     assert len(history["rewards"]) == 5
-    assert [r["reward"] for r in httpx.get(gateway.base_url + f"/trajectories/{trajectory}").json()["rewards"]
-            if r["name"] == "reward"] == [0.1]
+    assert [
+        r["reward"]
+        for r in httpx.get(gateway.base_url + f"/trajectories/{trajectory}").json()["rewards"]
+        if r["name"] == "reward"
+    ] == [0.1]
 
     # A batch: stored together; the Idempotency-Key header names each item <key>:<index>.
     batch = {"rewards": [{"trajectory_id": trajectory, "name": f"m{i}", "reward": i} for i in range(3)]}
@@ -90,8 +110,9 @@ def test_idempotency_history_and_latest_wins(start_gateway, db):
 
 def test_reward_before_its_trajectory_links_when_it_lands(start_gateway, db, database_url):
     gateway = start_gateway(rewards={"pending_window_s": 1.0})
-    early = post(gateway, {"client_trajectory_id": "not-run-yet", "reward": 1, "group_id": "g-early",
-                           "idempotency_key": "early"})
+    early = post(
+        gateway, {"client_trajectory_id": "not-run-yet", "reward": 1, "group_id": "g-early", "idempotency_key": "early"}
+    )
     assert early.json()["status"] == "pending" and early.json()["trajectory_id"] is None
     never = post(gateway, {"call_id": "chatcmpl-never-seen", "reward": 0.3})
     assert never.json()["status"] == "pending"
@@ -102,19 +123,32 @@ def test_reward_before_its_trajectory_links_when_it_lands(start_gateway, db, dat
         run = chat(gateway, "the early run", client_id="not-run-yet")
         other = chat(gateway, "another run")
         by_call = post(gateway, {"call_id": other.json()["id"], "reward": 0.5})
-        by_trajectory = post(gateway, {"trajectory_id": other.headers["x-trajectory-id"], "reward": 0.7,
-                                       "name": "speed"})
+        by_trajectory = post(
+            gateway, {"trajectory_id": other.headers["x-trajectory-id"], "reward": 0.7, "name": "speed"}
+        )
         assert by_call.json()["status"] == by_trajectory.json()["status"] == "pending"
         assert count_rows(blocker, "SELECT count(*) FROM calls") == 0
         blocker.rollback()
 
-    wait_for(lambda: count_rows(db, "SELECT count(*) FROM rewards WHERE status = 'pending'") == 1,
-             message="pending rewards linked")
-    linked = dict(db.execute("SELECT idempotency_key, trajectory_id::text FROM rewards WHERE status = 'linked' "
-                             "AND idempotency_key IS NOT NULL").fetchall())
+    wait_for(
+        lambda: count_rows(db, "SELECT count(*) FROM rewards WHERE status = 'pending'") == 1,
+        message="pending rewards linked",
+    )
+    linked = dict(
+        db.execute(
+            "SELECT idempotency_key, trajectory_id::text FROM rewards WHERE status = 'linked' "
+            "AND idempotency_key IS NOT NULL"
+        ).fetchall()
+    )
     assert linked == {"early": run.headers["x-trajectory-id"]}
-    assert count_rows(db, "SELECT count(*) FROM rewards WHERE trajectory_id = %s AND superseded_at IS NULL",
-                      other.headers["x-trajectory-id"]) == 2
+    assert (
+        count_rows(
+            db,
+            "SELECT count(*) FROM rewards WHERE trajectory_id = %s AND superseded_at IS NULL",
+            other.headers["x-trajectory-id"],
+        )
+        == 2
+    )
     group = db.execute("SELECT group_id FROM trajectories WHERE id = %s", (run.headers["x-trajectory-id"],)).fetchone()
     assert group == ("g-early",), "a reward's group_id is applied when it links"
     assert httpx.get(gateway.base_url + f"/rewards/{early.json()['id']}").json()["status"] == "linked"
@@ -141,8 +175,9 @@ def test_rewards_follow_a_merged_trajectory(start_gateway, db):
         db.execute("UPDATE trajectories t SET merged_into = m.parent FROM merges m WHERE t.id = m.child")
         for statement in MERGE_STATEMENTS:
             db.execute(statement)
-    current = db.execute("SELECT trajectory_id::text, name, value FROM rewards WHERE superseded_at IS NULL "
-                         "ORDER BY name").fetchall()
+    current = db.execute(
+        "SELECT trajectory_id::text, name, value FROM rewards WHERE superseded_at IS NULL ORDER BY name"
+    ).fetchall()
     assert current == [(parent, "reward", 0.8), (parent, "steps", 5.0)]
     late = post(gateway, {"trajectory_id": child, "reward": 0.1, "timestamp": 50})
     assert late.json()["trajectory_id"] == parent and late.json()["current"] is False
@@ -159,8 +194,9 @@ def test_a_key_rewards_only_its_own_tenant(start_gateway, db, database_url, tmp_
     async def keys() -> tuple[str, str]:
         engine = make_async_engine(database_url)
         try:
-            return (await create_key(engine, name="a", tenant="acme"))[1], \
-                   (await create_key(engine, name="b", tenant="globex"))[1]
+            return (await create_key(engine, name="a", tenant="acme"))[1], (
+                await create_key(engine, name="b", tenant="globex")
+            )[1]
         finally:
             await engine.dispose()
 
@@ -174,14 +210,17 @@ def test_a_key_rewards_only_its_own_tenant(start_gateway, db, database_url, tmp_
     assert foreign.json()["status"] == "pending", "another tenant's trajectory is unknown to this key"
     foreign_call = post(gateway, {"call_id": response.json()["id"], "reward": 1}, key=globex)
     assert foreign_call.json()["status"] == "pending"
-    assert httpx.get(gateway.base_url + f"/trajectories/{trajectory}",
-                     headers={"Authorization": f"Bearer {globex}"}).status_code == 404
+    assert (
+        httpx.get(
+            gateway.base_url + f"/trajectories/{trajectory}", headers={"Authorization": f"Bearer {globex}"}
+        ).status_code
+        == 404
+    )
     own = post(gateway, {"trajectory_id": trajectory, "reward": 1}, key=acme)
     assert own.json()["status"] == "linked"
     time.sleep(0.3)
     assert count_rows(db, "SELECT count(*) FROM rewards WHERE trajectory_id IS NOT NULL") == 1
-    assert httpx.get(gateway.base_url + "/trajectories",
-                     headers={"Authorization": f"Bearer {acme}"}).status_code == 403
+    assert httpx.get(gateway.base_url + "/trajectories", headers={"Authorization": f"Bearer {acme}"}).status_code == 403
     admin = {"Authorization": "Bearer admin-secret-key-123456"}
     assert len(httpx.get(gateway.base_url + "/trajectories", headers=admin).json()["data"]) == 1
     assert httpx.get(gateway.base_url + "/rewards/pending", headers=admin).json()["pending_count"] == 2
@@ -196,35 +235,76 @@ BAD_INPUTS = [
     ("numeric string", '{"trajectory_id": "%(t)s", "reward": "1.0"}', 400, "reward", "invalid_value"),
     ("boolean", '{"trajectory_id": "%(t)s", "reward": true}', 400, "reward", "invalid_value"),
     ("missing reward", '{"trajectory_id": "%(t)s"}', 400, "reward", "invalid_value"),
-    ("metric nan", '{"trajectory_id": "%(t)s", "reward": 0.5, "metrics": {"tests": NaN}}', 400, "metrics.tests",
-     "invalid_value"),
-    ("metric string", '{"trajectory_id": "%(t)s", "reward": 0.5, "metrics": {"tests": "3"}}', 400, "metrics.tests",
-     "invalid_value"),
+    (
+        "metric nan",
+        '{"trajectory_id": "%(t)s", "reward": 0.5, "metrics": {"tests": NaN}}',
+        400,
+        "metrics.tests",
+        "invalid_value",
+    ),
+    (
+        "metric string",
+        '{"trajectory_id": "%(t)s", "reward": 0.5, "metrics": {"tests": "3"}}',
+        400,
+        "metrics.tests",
+        "invalid_value",
+    ),
     ("above range", '{"trajectory_id": "%(t)s", "reward": 1.5}', 400, "reward", "reward_out_of_range"),
     ("below range", '{"trajectory_id": "%(t)s", "reward": -2}', 400, "reward", "reward_out_of_range"),
-    ("unknown metric", '{"trajectory_id": "%(t)s", "reward": 0.5, "metrics": {"vibes": 1}}', 400, "metrics.vibes",
-     "unknown_metric"),
+    (
+        "unknown metric",
+        '{"trajectory_id": "%(t)s", "reward": 0.5, "metrics": {"vibes": 1}}',
+        400,
+        "metrics.vibes",
+        "unknown_metric",
+    ),
     ("unknown name", '{"trajectory_id": "%(t)s", "reward": 0.5, "name": "vibes"}', 400, "name", "unknown_metric"),
     ("no target", '{"reward": 0.5}', 400, "trajectory_id", "invalid_value"),
-    ("two targets", '{"trajectory_id": "%(t)s", "call_id": "chatcmpl-1", "reward": 0.5}', 400, "trajectory_id",
-     "invalid_value"),
+    (
+        "two targets",
+        '{"trajectory_id": "%(t)s", "call_id": "chatcmpl-1", "reward": 0.5}',
+        400,
+        "trajectory_id",
+        "invalid_value",
+    ),
     ("unknown field", '{"trajectory_id": "%(t)s", "reward": 0.5, "value": 1}', 400, "value", "invalid_value"),
     ("bad trajectory id", '{"trajectory_id": "my-run", "reward": 0.5}', 400, "trajectory_id", "invalid_value"),
     ("not json", '{"trajectory_id": ', 400, None, "invalid_json"),
-    ("not an object", '[1, 2]', 400, None, "invalid_json"),
-    ("batch item", '{"rewards": [{"trajectory_id": "%(t)s", "reward": 0.5}, {"trajectory_id": "%(t)s", "reward": 0},'
-                   ' {"trajectory_id": "%(t)s", "reward": 9}]}', 400, "rewards[2].reward", "reward_out_of_range"),
-    ("batch nan", '{"rewards": [{"trajectory_id": "%(t)s", "reward": 0.5}, {"call_id": "c", "reward": NaN}]}', 400,
-     "rewards[1].reward", "invalid_value"),
+    ("not an object", "[1, 2]", 400, None, "invalid_json"),
+    (
+        "batch item",
+        '{"rewards": [{"trajectory_id": "%(t)s", "reward": 0.5}, {"trajectory_id": "%(t)s", "reward": 0},'
+        ' {"trajectory_id": "%(t)s", "reward": 9}]}',
+        400,
+        "rewards[2].reward",
+        "reward_out_of_range",
+    ),
+    (
+        "batch nan",
+        '{"rewards": [{"trajectory_id": "%(t)s", "reward": 0.5}, {"call_id": "c", "reward": NaN}]}',
+        400,
+        "rewards[1].reward",
+        "invalid_value",
+    ),
     ("empty batch", '{"rewards": []}', 400, "rewards", "invalid_value"),
-    ("oversized batch", json.dumps({"rewards": [{"call_id": f"c{i}", "reward": 0} for i in range(6)]}), 413,
-     "rewards", "batch_too_large"),
+    (
+        "oversized batch",
+        json.dumps({"rewards": [{"call_id": f"c{i}", "reward": 0} for i in range(6)]}),
+        413,
+        "rewards",
+        "batch_too_large",
+    ),
 ]
 
 
 def test_bad_input_is_refused_and_nothing_is_stored(start_gateway, fake_upstream, db):
-    policy = {"name": POLICY, "base_model": "fake-base", "endpoints": [fake_upstream.api_base],
-              "reward_range": [-1.0, 1.0], "metrics": ["tests", "latency"]}
+    policy = {
+        "name": POLICY,
+        "base_model": "fake-base",
+        "endpoints": [fake_upstream.api_base],
+        "reward_range": [-1.0, 1.0],
+        "metrics": ["tests", "latency"],
+    }
     gateway = start_gateway(policies=[policy], rewards={"max_batch": 5})
     trajectory = chat(gateway, "graded run", model=POLICY).headers["x-trajectory-id"]
     shipped(db, 1)

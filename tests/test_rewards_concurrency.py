@@ -15,7 +15,7 @@ from tests.conftest import count_rows, wait_for
 
 SECRET = "whsec_concurrency_test"
 EXISTING = 34  # trajectories stored before the flood
-LATE = 10      # trajectories that only appear after their rewards
+LATE = 10  # trajectories that only appear after their rewards
 CONCURRENCY = 64
 
 
@@ -36,8 +36,12 @@ def plan_posts(targets: list[dict], base: float) -> tuple[list[dict], dict]:
         # last version is observed after the unkeyed ones, so it is the current "reward".
         for version in range(3):
             for attempt in range(3):
-                body = {**ref, "reward": 0.5 + version / 10, "timestamp": base + 10 + version,
-                        "idempotency_key": f"fix-{index}"}
+                body = {
+                    **ref,
+                    "reward": 0.5 + version / 10,
+                    "timestamp": base + 10 + version,
+                    "idempotency_key": f"fix-{index}",
+                }
                 posts.append({"body": body, "signed": attempt == 2, "header_key": attempt == 1})
             expected_rows += 1
         # A second name, the same content four times: one row.
@@ -55,6 +59,7 @@ async def flood(base_url: str, posts: list[dict]) -> Counter:
     semaphore = asyncio.Semaphore(CONCURRENCY)
     limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
+
         async def one(post: dict) -> None:
             body = dict(post["body"])
             headers = {"Content-Type": "application/json"}
@@ -84,10 +89,15 @@ def test_thousand_concurrent_rewards(start_gateway, db):
     targets = []
     with httpx.Client(base_url=gateway.base_url, timeout=30) as client:
         for index in range(EXISTING):
-            response = client.post("/chat/completions", headers={"X-Trajectory-Id": f"run-{index}"},
-                                   json={"model": "fake-model", "messages": [{"role": "user", "content": f"t{index}"}]})
+            response = client.post(
+                "/chat/completions",
+                headers={"X-Trajectory-Id": f"run-{index}"},
+                json={"model": "fake-model", "messages": [{"role": "user", "content": f"t{index}"}]},
+            )
             trajectory, call = response.headers["x-trajectory-id"], response.json()["id"]
-            ref = [{"trajectory_id": trajectory}, {"call_id": call}, {"client_trajectory_id": f"run-{index}"}][index % 3]
+            ref = [{"trajectory_id": trajectory}, {"call_id": call}, {"client_trajectory_id": f"run-{index}"}][
+                index % 3
+            ]
             targets.append({"key": trajectory, "ref": ref})
     targets += [{"key": f"late-{index}", "ref": {"client_trajectory_id": f"late-{index}"}} for index in range(LATE)]
     wait_for(lambda: count_rows(db, "SELECT count(*) FROM trajectories") == EXISTING)
@@ -104,18 +114,29 @@ def test_thousand_concurrent_rewards(start_gateway, db):
     with httpx.Client(base_url=gateway.base_url, timeout=30) as client:
         late_ids = {}
         for index in range(LATE):
-            response = client.post("/chat/completions", headers={"X-Trajectory-Id": f"late-{index}"},
-                                   json={"model": "fake-model", "messages": [{"role": "user", "content": "late"}]})
+            response = client.post(
+                "/chat/completions",
+                headers={"X-Trajectory-Id": f"late-{index}"},
+                json={"model": "fake-model", "messages": [{"role": "user", "content": "late"}]},
+            )
             late_ids[f"late-{index}"] = response.headers["x-trajectory-id"]
-    wait_for(lambda: count_rows(db, "SELECT count(*) FROM rewards WHERE status = 'pending'") == 0,
-             message="late rewards linked")
+    wait_for(
+        lambda: count_rows(db, "SELECT count(*) FROM rewards WHERE status = 'pending'") == 0,
+        message="late rewards linked",
+    )
 
     assert count_rows(db, "SELECT count(*) FROM rewards") == expected["rows"], "linking adds no rows"
-    current = {(str(t), name): value for t, name, value in db.execute(
-        "SELECT trajectory_id, name, value FROM rewards WHERE status = 'linked' AND superseded_at IS NULL")}
+    current = {
+        (str(t), name): value
+        for t, name, value in db.execute(
+            "SELECT trajectory_id, name, value FROM rewards WHERE status = 'linked' AND superseded_at IS NULL"
+        )
+    }
     wanted = {(late_ids.get(key, key), name): value for (key, name), value in expected["current"].items()}
     assert current == wanted
-    keyed = db.execute("SELECT idempotency_key, count(*), count(*) FILTER (WHERE superseded_at IS NULL) "
-                       "FROM rewards WHERE idempotency_key IS NOT NULL GROUP BY 1").fetchall()
+    keyed = db.execute(
+        "SELECT idempotency_key, count(*), count(*) FILTER (WHERE superseded_at IS NULL) "
+        "FROM rewards WHERE idempotency_key IS NOT NULL GROUP BY 1"
+    ).fetchall()
     assert len(keyed) == 2 * len(targets)
     assert all((n, live) == ((3, 1) if key.startswith("fix-") else (1, 1)) for key, n, live in keyed), keyed

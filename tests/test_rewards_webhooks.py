@@ -38,14 +38,23 @@ def send(gateway, body: bytes, signature: str | None) -> httpx.Response:
 
 def test_signed_webhooks(start_gateway, database_url, db, tmp_path):
     key = make_key(database_url, "acme")
-    config = {"auth": {"mode": "keys"},
-              "rewards": {"tolerance_s": 300,
-                          "webhook_secrets": [{"name": "crm", "secret": "os.environ/CRM_HOOK_SECRET", "tenant": "acme"},
-                                              {"name": "other", "secret": OTHER_SECRET, "tenant": "globex"}]}}
+    config = {
+        "auth": {"mode": "keys"},
+        "rewards": {
+            "tolerance_s": 300,
+            "webhook_secrets": [
+                {"name": "crm", "secret": "os.environ/CRM_HOOK_SECRET", "tenant": "acme"},
+                {"name": "other", "secret": OTHER_SECRET, "tenant": "globex"},
+            ],
+        },
+    }
     gateway = start_gateway(env={"CRM_HOOK_SECRET": SECRET}, **config)
     second = start_gateway(env={"CRM_HOOK_SECRET": SECRET}, data_dir=tmp_path / "second", **config)
-    call = httpx.post(gateway.base_url + "/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                      json={"model": "fake-model", "messages": [{"role": "user", "content": "ticket 4711"}]}).json()
+    call = httpx.post(
+        gateway.base_url + "/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "fake-model", "messages": [{"role": "user", "content": "ticket 4711"}]},
+    ).json()
     wait_for(lambda: count_rows(db, "SELECT count(*) FROM calls") == 1)
 
     body = json.dumps({"call_id": call["id"], "reward": 1.0, "idempotency_key": "ticket-4711"}).encode()
@@ -82,7 +91,9 @@ def test_signed_webhooks(start_gateway, database_url, db, tmp_path):
     changed = json.dumps({"call_id": call["id"], "reward": 0.0, "idempotency_key": "ticket-4711"}).encode()
     assert send(second, changed, sign(SECRET, changed)).json()["current"] is True
     assert db.execute("SELECT value, superseded_at IS NULL FROM rewards ORDER BY seq").fetchall() == [
-        (1.0, False), (0.0, True)]
+        (1.0, False),
+        (0.0, True),
+    ]
 
     # A secret is bound to its tenant: globex's secret cannot reach acme's trajectory.
     foreign = json.dumps({"call_id": call["id"], "reward": 1.0}).encode()

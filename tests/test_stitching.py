@@ -19,7 +19,8 @@ def run_agent(clients: list[openai.OpenAI], task: str, turns: int = 3, **extra) 
     for turn in range(turns):
         client = clients[turn % len(clients)]
         raw = client.chat.completions.with_raw_response.create(
-            model="fake-model", messages=messages, tools=TOOLS if turn == 0 else None, **extra)
+            model="fake-model", messages=messages, tools=TOOLS if turn == 0 else None, **extra
+        )
         completion = raw.parse()
         trajectory_ids.append(raw.headers["x-trajectory-id"])
         call_ids.append(raw.headers["x-apprentice-call-id"])
@@ -38,7 +39,9 @@ def trajectory_of(db, call_id: str) -> str:
 
 
 def resolve(db, trajectory_id: str) -> str:
-    row = db.execute("SELECT coalesce(merged_into, id)::text FROM trajectories WHERE id = %s", (trajectory_id,)).fetchone()
+    row = db.execute(
+        "SELECT coalesce(merged_into, id)::text FROM trajectories WHERE id = %s", (trajectory_id,)
+    ).fetchone()
     return row[0]
 
 
@@ -64,8 +67,10 @@ def test_run_across_two_gateway_processes_is_stitched(start_gateway, db):
     wait_for(lambda: count_rows(db, "SELECT count(*) FROM calls") == len(all_calls))
 
     def stitched() -> bool:
-        return all(len({trajectory_of(db, c) for c in calls}) == 1 for _, calls in runs) and \
-            count_rows(db, "SELECT count(*) FROM calls WHERE stitch_pending") == 0
+        return (
+            all(len({trajectory_of(db, c) for c in calls}) == 1 for _, calls in runs)
+            and count_rows(db, "SELECT count(*) FROM calls WHERE stitch_pending") == 0
+        )
 
     wait_for(stitched, timeout=20, message="cross-process stitching")
     final = [trajectory_of(db, calls[0]) for _, calls in runs]
@@ -82,24 +87,41 @@ def test_client_named_trajectory_and_group(start_gateway, db, fake_upstream):
     client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
     name = f"ticket-{uuid.uuid4().hex[:8]}"
     by_header = client.chat.completions.with_raw_response.create(
-        model="fake-model", messages=[{"role": "user", "content": "one"}],
-        extra_headers={"X-Trajectory-Id": name, "X-Group-Id": "task-7"})
+        model="fake-model",
+        messages=[{"role": "user", "content": "one"}],
+        extra_headers={"X-Trajectory-Id": name, "X-Group-Id": "task-7"},
+    )
     marker = uuid.uuid4().hex
     by_metadata = client.chat.completions.with_raw_response.create(
-        model="fake-model", messages=[{"role": "user", "content": "unrelated words"}],
-        metadata={"trajectory_id": name, "keep": marker})
+        model="fake-model",
+        messages=[{"role": "user", "content": "unrelated words"}],
+        metadata={"trajectory_id": name, "keep": marker},
+    )
     assert by_header.headers["x-trajectory-id"] == by_metadata.headers["x-trajectory-id"]
     # Apprentice's metadata keys are stripped before forwarding; the client's own are kept.
-    forwarded = [b for b in httpx.get(f"http://127.0.0.1:{fake_upstream.port}/_requests").json()["requests"]
-                 if (b.get("metadata") or {}).get("keep") == marker]
+    forwarded = [
+        b
+        for b in httpx.get(f"http://127.0.0.1:{fake_upstream.port}/_requests").json()["requests"]
+        if (b.get("metadata") or {}).get("keep") == marker
+    ]
     assert forwarded and forwarded[0]["metadata"] == {"keep": marker}
     trajectory_id = by_header.headers["x-trajectory-id"]
-    row = wait_for(lambda: db.execute("SELECT client_trajectory_id, group_id, call_count FROM trajectories WHERE id = %s",
-                                      (trajectory_id,)).fetchone() if count_rows(db, "SELECT count(*) FROM calls") == 2 else None)
+    row = wait_for(
+        lambda: (
+            db.execute(
+                "SELECT client_trajectory_id, group_id, call_count FROM trajectories WHERE id = %s", (trajectory_id,)
+            ).fetchone()
+            if count_rows(db, "SELECT count(*) FROM calls") == 2
+            else None
+        )
+    )
     assert row == (name, "task-7", 2)
     # Echoing the gateway's own id back keeps the call in the same trajectory.
     echoed = client.chat.completions.with_raw_response.create(
-        model="fake-model", messages=[{"role": "user", "content": "three"}], extra_headers={"X-Trajectory-Id": trajectory_id})
+        model="fake-model",
+        messages=[{"role": "user", "content": "three"}],
+        extra_headers={"X-Trajectory-Id": trajectory_id},
+    )
     assert echoed.headers["x-trajectory-id"] == trajectory_id
 
 
@@ -122,7 +144,10 @@ def test_tenants_do_not_share_trajectories(start_gateway, database_url, db):
     for key in keys:
         client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
         raw = client.chat.completions.with_raw_response.create(
-            model="fake-model", messages=[{"role": "user", "content": "same"}], extra_headers={"X-Trajectory-Id": "run-1"})
+            model="fake-model",
+            messages=[{"role": "user", "content": "same"}],
+            extra_headers={"X-Trajectory-Id": "run-1"},
+        )
         ids.append(raw.headers["x-trajectory-id"])
     assert ids[0] != ids[1]
     wait_for(lambda: count_rows(db, "SELECT count(*) FROM trajectories") == 2)
@@ -146,13 +171,18 @@ def test_another_tenants_echoed_id_starts_a_trajectory_of_the_caller(start_gatew
     gateway = start_gateway(auth={"mode": "keys"})
     acme = openai.OpenAI(base_url=gateway.base_url, api_key=acme_key, max_retries=0)
     globex = openai.OpenAI(base_url=gateway.base_url, api_key=globex_key, max_retries=0)
-    first = acme.chat.completions.with_raw_response.create(model="fake-model", messages=[{"role": "user", "content": "a"}])
+    first = acme.chat.completions.with_raw_response.create(
+        model="fake-model", messages=[{"role": "user", "content": "a"}]
+    )
     acme_id = first.headers["x-trajectory-id"]
     assert uuid.UUID(acme_id).version == 7
 
     def echo(client: openai.OpenAI, trajectory_id: str) -> str:
         raw = client.chat.completions.with_raw_response.create(
-            model="fake-model", messages=[{"role": "user", "content": "b"}], extra_headers={"X-Trajectory-Id": trajectory_id})
+            model="fake-model",
+            messages=[{"role": "user", "content": "b"}],
+            extra_headers={"X-Trajectory-Id": trajectory_id},
+        )
         return raw.headers["x-trajectory-id"]
 
     stolen = echo(globex, acme_id)
@@ -162,7 +192,8 @@ def test_another_tenants_echoed_id_starts_a_trajectory_of_the_caller(start_gatew
     assert echo(acme, acme_id) == acme_id, "the owner's echo still continues its run"
     wait_for(lambda: count_rows(db, "SELECT count(*) FROM calls") == 5)
     tenants_in_acme_trajectory = db.execute(
-        "SELECT DISTINCT tenant FROM calls WHERE trajectory_id = %s", (acme_id,)).fetchall()
+        "SELECT DISTINCT tenant FROM calls WHERE trajectory_id = %s", (acme_id,)
+    ).fetchall()
     assert tenants_in_acme_trajectory == [("acme",)]
     assert count_rows(db, "SELECT call_count FROM trajectories WHERE id = %s", acme_id) == 2
     row = db.execute("SELECT tenant, client_trajectory_id FROM trajectories WHERE id = %s", (stolen,)).fetchone()

@@ -61,9 +61,15 @@ def timed_stream(url: str, body: dict) -> list[tuple[float, bytes]]:
 
 def test_a_split_done_reaches_the_client_only_after_the_call_is_journaled(start_gateway, db):
     gateway = start_gateway()
-    pieces = timed_stream(f"{gateway.base_url}/chat/completions",
-                          {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "split"}],
-                           "fake_stream": {"split_done_ms": 600, "chunks": 3}})
+    pieces = timed_stream(
+        f"{gateway.base_url}/chat/completions",
+        {
+            "model": "fake-model",
+            "stream": True,
+            "messages": [{"role": "user", "content": "split"}],
+            "fake_stream": {"split_done_ms": 600, "chunks": 3},
+        },
+    )
     received = b"".join(piece for _, piece in pieces)
     assert received.endswith(b"data: [DONE]\n\n")
     first_done_byte = next(i for i, (_, piece) in enumerate(pieces) if b"[D" in piece or piece.startswith(b"NE]"))
@@ -76,9 +82,15 @@ def test_a_split_done_reaches_the_client_only_after_the_call_is_journaled(start_
 def test_a_crlf_policy_stream_is_stripped_and_relayed_as_it_arrives(start_gateway, fake_upstream, db):
     policy = {"name": "crlf-agent", "base_model": "fake-base", "endpoints": [fake_upstream.api_base]}
     gateway = start_gateway(policies=[policy])
-    pieces = timed_stream(f"{gateway.base_url}/chat/completions",
-                          {"model": "crlf-agent", "stream": True, "messages": [{"role": "user", "content": "crlf"}],
-                           "fake_stream": {"line_ending": "crlf", "chunk_delay_ms": 150, "chunks": 4}})
+    pieces = timed_stream(
+        f"{gateway.base_url}/chat/completions",
+        {
+            "model": "crlf-agent",
+            "stream": True,
+            "messages": [{"role": "user", "content": "crlf"}],
+            "fake_stream": {"line_ending": "crlf", "chunk_delay_ms": 150, "chunks": 4},
+        },
+    )
     received = b"".join(piece for _, piece in pieces)
     events = [event for event in received.split(b"\r\n\r\n") if event.startswith(b"data: {")]
     assert len(events) >= 5

@@ -19,8 +19,16 @@ def test_targets_trajectory_api_and_listing(start_gateway, db):
     trajectory_3 = third.headers["x-trajectory-id"]
     shipped(db, 3)
 
-    by_client = post(gateway, {"client_trajectory_id": "run-1", "reward": 1, "metrics": {"tests": 3},
-                               "comment": "all green", "group_id": "task-A"})
+    by_client = post(
+        gateway,
+        {
+            "client_trajectory_id": "run-1",
+            "reward": 1,
+            "metrics": {"tests": 3},
+            "comment": "all green",
+            "group_id": "task-A",
+        },
+    )
     assert by_client.status_code == 200, by_client.text
     body = by_client.json()
     assert body["object"] == "reward" and body["status"] == "linked" and body["current"] is True
@@ -50,8 +58,9 @@ def test_targets_trajectory_api_and_listing(start_gateway, db):
     assert unrewarded["data"] == []
     page = httpx.get(gateway.base_url + "/trajectories", params={"limit": 2}).json()
     assert len(page["data"]) == 2 and page["has_more"] is True
-    rest = httpx.get(gateway.base_url + "/trajectories",
-                     params={"limit": 2, "starting_after": page["next_starting_after"]}).json()
+    rest = httpx.get(
+        gateway.base_url + "/trajectories", params={"limit": 2, "starting_after": page["next_starting_after"]}
+    ).json()
     assert len(rest["data"]) == 1 and rest["has_more"] is False
     future = httpx.get(gateway.base_url + "/trajectories", params={"since": time.time() + 3600}).json()
     assert future["data"] == []

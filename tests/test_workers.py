@@ -90,8 +90,9 @@ def test_backoff_doubles_to_its_cap_health_records_and_success_resets() -> None:
                 raise ConnectionError(f"store down (try {len(times)})")
 
         failures_before = metrics.WORKER_FAILURES.labels("test-backoff")._value.get()
-        worker = PeriodicWorker("test-backoff", step, interval_s=0.01, min_backoff_s=0.02, max_backoff_s=0.08,
-                                first_step_at_once=True)
+        worker = PeriodicWorker(
+            "test-backoff", step, interval_s=0.01, min_backoff_s=0.02, max_backoff_s=0.08, first_step_at_once=True
+        )
         worker.start()
         await until(lambda: len(times) >= 6)
         gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
@@ -122,8 +123,9 @@ def test_backoff_doubles_to_its_cap_health_records_and_success_resets() -> None:
 
 
 def test_backoff_never_below_the_interval() -> None:
-    worker = PeriodicWorker("test-backoff-interval", asyncio.sleep, interval_s=1.0, min_backoff_s=0.25,
-                            max_backoff_s=5.0)
+    worker = PeriodicWorker(
+        "test-backoff-interval", asyncio.sleep, interval_s=1.0, min_backoff_s=0.25, max_backoff_s=5.0
+    )
     delays = []
     for failures in range(1, 8):
         worker.health.consecutive_failures = failures
@@ -208,8 +210,9 @@ def test_stop_gives_up_on_a_step_that_refuses_to_end(monkeypatch: pytest.MonkeyP
                 except asyncio.CancelledError:
                     continue
 
-        worker = PeriodicWorker("test-stubborn", stubborn, interval_s=60.0, stop_timeout_s=0.02,
-                                first_step_at_once=True)
+        worker = PeriodicWorker(
+            "test-stubborn", stubborn, interval_s=60.0, stop_timeout_s=0.02, first_step_at_once=True
+        )
         worker.start()
         await asyncio.sleep(0.01)
         started = time.monotonic()

@@ -16,8 +16,15 @@ from apprentice.store.engine import ensure_database_url, redact
 
 
 def config_option(function: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False), default=None,
-                        envvar="APPRENTICE_CONFIG", help="YAML config file (default: $APPRENTICE_CONFIG).")(function)
+    return click.option(
+        "--config",
+        "-c",
+        "config_path",
+        type=click.Path(dir_okay=False),
+        default=None,
+        envvar="APPRENTICE_CONFIG",
+        help="YAML config file (default: $APPRENTICE_CONFIG).",
+    )(function)
 
 
 def load(config_path: str | None, **overrides: Any) -> Settings:
@@ -37,7 +44,8 @@ def database_url(settings: Settings) -> str:
 
 
 def setup_logging(level: str = "info") -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     for noisy in ("LiteLLM", "litellm", "httpx", "aiohttp.access", "pgserver"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -45,30 +45,49 @@ def default_config(data_dir: Path, port: int, model_port: int) -> dict[str, Any]
         "auth": {"mode": "open"},
         "journal": {"ship_interval_s": 0.2},
         "local_model_server": {"model": model_server.model, "host": model_server.host, "port": model_server.port},
-        "policies": [{
-            "name": DEFAULT_POLICY,
-            "base_model": DEFAULT_BASE_MODEL,
-            "endpoints": [model_server.url],
-            # GRPO compares several answers to the same task: sample with variety.
-            "temperature": 1.0,
-            "reward_range": [0.0, 1.0],
-            # Sized for a small model on a laptop CPU: each run is about one GRPO step (4 groups of
-            # 8 answers, 32 samples per optimizer step), continuing the training lineage as soon
-            # as 4 new rewarded groups wait, at the learning rate that moves a 135M model within
-            # minutes. Rewards may arrive up to 10 s late and still join their group.
-            "learning": {"min_new_groups": 4, "trigger_poll_s": 2, "reward_wait_s": 10, "min_group_size": 4,
-                         "max_trajectories": 64, "lr": 1e-4, "micro_batch_size": 8, "grad_accumulation": 4,
-                         "lora_rank": 8, "lora_alpha": 16},
-            # The canary serves half of new runs and always runs the newest gated version of the
-            # lineage; the sequential test promotes it as soon as the lineage is significantly
-            # better (valid however often it looks) and rejects the lineage if it is worse.
-            "promotion": {"mode": "automatic", "auto_canary": True, "canary_share": 0.5, "min_samples": 16,
-                          "confidence": 0.9, "method": "sequential", "timeout_s": 3600},
-        }],
+        "policies": [
+            {
+                "name": DEFAULT_POLICY,
+                "base_model": DEFAULT_BASE_MODEL,
+                "endpoints": [model_server.url],
+                # GRPO compares several answers to the same task: sample with variety.
+                "temperature": 1.0,
+                "reward_range": [0.0, 1.0],
+                # Sized for a small model on a laptop CPU: each run is about one GRPO step (4 groups of
+                # 8 answers, 32 samples per optimizer step), continuing the training lineage as soon
+                # as 4 new rewarded groups wait, at the learning rate that moves a 135M model within
+                # minutes. Rewards may arrive up to 10 s late and still join their group.
+                "learning": {
+                    "min_new_groups": 4,
+                    "trigger_poll_s": 2,
+                    "reward_wait_s": 10,
+                    "min_group_size": 4,
+                    "max_trajectories": 64,
+                    "lr": 1e-4,
+                    "micro_batch_size": 8,
+                    "grad_accumulation": 4,
+                    "lora_rank": 8,
+                    "lora_alpha": 16,
+                },
+                # The canary serves half of new runs and always runs the newest gated version of the
+                # lineage; the sequential test promotes it as soon as the lineage is significantly
+                # better (valid however often it looks) and rejects the lineage if it is worse.
+                "promotion": {
+                    "mode": "automatic",
+                    "auto_canary": True,
+                    "canary_share": 0.5,
+                    "min_samples": 16,
+                    "confidence": 0.9,
+                    "method": "sequential",
+                    "timeout_s": 3600,
+                },
+            }
+        ],
     }
     if os.environ.get("OPENAI_API_KEY"):
-        config["model_list"] = [{"model_name": "*",
-                                 "litellm_params": {"model": "openai/*", "api_key": "os.environ/OPENAI_API_KEY"}}]
+        config["model_list"] = [
+            {"model_name": "*", "litellm_params": {"model": "openai/*", "api_key": "os.environ/OPENAI_API_KEY"}}
+        ]
     return config
 
 
@@ -78,20 +97,29 @@ def apprentice_command(*args: str) -> list[str]:
 
 
 def model_server_process(server: LocalModelServerSettings, logs: Path, env: dict[str, str]) -> ManagedProcess:
-    return ManagedProcess("the local inference server",
-                          apprentice_command("serve-model", "--model", server.model, "--host", server.host,
-                                             "--port", str(server.port)),
-                          logs / "model-server.log", env=env, ready_url=f"{server.url}/models")
+    return ManagedProcess(
+        "the local inference server",
+        apprentice_command("serve-model", "--model", server.model, "--host", server.host, "--port", str(server.port)),
+        logs / "model-server.log",
+        env=env,
+        ready_url=f"{server.url}/models",
+    )
 
 
 def service_processes(config_path: Path, settings: Settings, logs: Path, env: dict[str, str]) -> list[ManagedProcess]:
     """The gateway, then the learner (which also runs promotion)."""
     gateway_url = f"http://{settings.host}:{settings.port}"
     return [
-        ManagedProcess("the gateway", apprentice_command("gateway", "--config", str(config_path)),
-                       logs / "gateway.log", env=env, ready_url=f"{gateway_url}/healthz"),
-        ManagedProcess("the learner", apprentice_command("learner", "--config", str(config_path)),
-                       logs / "learner.log", env=env),
+        ManagedProcess(
+            "the gateway",
+            apprentice_command("gateway", "--config", str(config_path)),
+            logs / "gateway.log",
+            env=env,
+            ready_url=f"{gateway_url}/healthz",
+        ),
+        ManagedProcess(
+            "the learner", apprentice_command("learner", "--config", str(config_path)), logs / "learner.log", env=env
+        ),
     ]
 
 
@@ -108,28 +136,41 @@ def write_default_config(data_dir: str, port: int, model_port: int) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     generated = root / "apprentice.yaml"
     if not generated.exists():
-        generated.write_text("# Written by `apprentice up` on first start; edit and start again.\n"
-                             + yaml.safe_dump(default_config(root, port, model_port), sort_keys=False))
+        generated.write_text(
+            "# Written by `apprentice up` on first start; edit and start again.\n"
+            + yaml.safe_dump(default_config(root, port, model_port), sort_keys=False)
+        )
     return generated
 
 
 def ready_banner(settings: Settings, logs: Path) -> str:
     base_url = f"http://{settings.host}:{settings.port}/v1"
     policies = ", ".join(p.name for p in settings.policies) or "none"
-    api_key = ("apprentice-local   # open mode: any value, loopback only" if settings.auth.mode == "open"
-               else "<a key from `apprentice keys create`>")
-    return (f"\nApprentice is up.\n  export OPENAI_BASE_URL={base_url}\n  export OPENAI_API_KEY={api_key}\n"
-            f"  policies (model names that learn): {policies}\n"
-            f"  admin API: {base_url}/admin/policies   logs: {logs}\nPress Ctrl-C to stop.\n")
+    api_key = (
+        "apprentice-local   # open mode: any value, loopback only"
+        if settings.auth.mode == "open"
+        else "<a key from `apprentice keys create`>"
+    )
+    return (
+        f"\nApprentice is up.\n  export OPENAI_BASE_URL={base_url}\n  export OPENAI_API_KEY={api_key}\n"
+        f"  policies (model names that learn): {policies}\n"
+        f"  admin API: {base_url}/admin/policies   logs: {logs}\nPress Ctrl-C to stop.\n"
+    )
 
 
 @click.command("up")
 @config_option
-@click.option("--data-dir", type=click.Path(file_okay=False), default=".apprentice", show_default=True,
-              help="Where the generated config, the database, the journal and adapters live.")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default=".apprentice",
+    show_default=True,
+    help="Where the generated config, the database, the journal and adapters live.",
+)
 @click.option("--port", type=int, default=8000, show_default=True, help="Gateway port (first start).")
-@click.option("--model-port", type=int, default=8001, show_default=True,
-              help="Local inference server port (first start).")
+@click.option(
+    "--model-port", type=int, default=8001, show_default=True, help="Local inference server port (first start)."
+)
 def up_command(config_path: str | None, data_dir: str, port: int, model_port: int) -> None:
     """Run the whole loop locally: database, inference server, gateway and learner."""
     if config_path is None:
@@ -169,8 +210,9 @@ def up_command(config_path: str | None, data_dir: str, port: int, model_port: in
         while not stopping:
             for process in started:
                 if not process.alive():
-                    raise click.ClickException(f"{process.name} stopped unexpectedly (exit {process.returncode}); "
-                                               f"see {process.log_path}")
+                    raise click.ClickException(
+                        f"{process.name} stopped unexpectedly (exit {process.returncode}); see {process.log_path}"
+                    )
             time.sleep(0.5)
     except ProcessFailed as exc:
         raise click.ClickException(str(exc)) from exc

@@ -42,6 +42,7 @@ PROMOTE, REJECT, WAIT, TIMEOUT, REVIEW = "promote", "reject", "wait", "timeout",
 
 # ---------------------------------------------------------------- Student's t distribution
 
+
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of the incomplete beta function (modified Lentz)."""
     tiny, eps = 1e-300, 3e-16
@@ -110,6 +111,7 @@ def t_ppf(p: float, df: float) -> float:
 
 # ---------------------------------------------------------------- intervals
 
+
 @dataclass(frozen=True)
 class ArmStats:
     n: int
@@ -141,24 +143,26 @@ def welch_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0
     sa, sb = ArmStats.of(a), ArmStats.of(b)
     assert sa.mean is not None and sb.mean is not None and sa.std is not None and sb.std is not None
     difference = sa.mean - sb.mean
-    va, vb = sa.std ** 2 / sa.n, sb.std ** 2 / sb.n
+    va, vb = sa.std**2 / sa.n, sb.std**2 / sb.n
     se = math.sqrt(va + vb)
     if se == 0.0:
         return Interval(difference, difference, difference, math.inf)
-    df = (va + vb) ** 2 / ((va ** 2 / (sa.n - 1) if va else 0.0) + (vb ** 2 / (sb.n - 1) if vb else 0.0))
+    df = (va + vb) ** 2 / ((va**2 / (sa.n - 1) if va else 0.0) + (vb**2 / (sb.n - 1) if vb else 0.0))
     half = t_ppf(0.5 + confidence / 2.0, df) * se
     return Interval(difference, difference - half, difference + half, df)
 
 
-def bootstrap_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95,
-                       resamples: int = 2000, seed: int = 0) -> Interval:
+def bootstrap_interval(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> Interval:
     """Percentile bootstrap interval for mean(a) - mean(b), resampling each arm independently."""
     if not a or not b:
         raise ValueError("the bootstrap needs values in both samples")
     rng = random.Random(seed)
     na, nb = len(a), len(b)
-    differences = sorted(math.fsum(rng.choices(a, k=na)) / na - math.fsum(rng.choices(b, k=nb)) / nb
-                         for _ in range(resamples))
+    differences = sorted(
+        math.fsum(rng.choices(a, k=na)) / na - math.fsum(rng.choices(b, k=nb)) / nb for _ in range(resamples)
+    )
     alpha = (1.0 - confidence) / 2.0
     low = differences[max(0, int(math.floor(alpha * resamples)))]
     high = differences[min(resamples - 1, int(math.ceil((1.0 - alpha) * resamples)) - 1)]
@@ -166,6 +170,7 @@ def bootstrap_interval(a: Sequence[float], b: Sequence[float], confidence: float
 
 
 # ---------------------------------------------------------------- comparison and decision
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -184,8 +189,9 @@ class Comparison:
         return data
 
 
-def sequential_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95,
-                        reward_range: tuple[float, float] | None = None) -> Interval:
+def sequential_interval(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, reward_range: tuple[float, float] | None = None
+) -> Interval:
     """The always-valid interval for mean(a) - mean(b) at alpha = 1 - confidence.
 
     The reward range scales the mixture and bounds the variance: the policy's declared range
@@ -197,9 +203,16 @@ def sequential_interval(a: Sequence[float], b: Sequence[float], confidence: floa
     return Interval(found.difference, found.low, found.high)
 
 
-def compare(canary: Sequence[float], incumbent: Sequence[float], *, method: str = "welch",
-            confidence: float = 0.95, min_samples: int = 30, seed: int = 0,
-            reward_range: tuple[float, float] | None = None) -> Comparison:
+def compare(
+    canary: Sequence[float],
+    incumbent: Sequence[float],
+    *,
+    method: str = "welch",
+    confidence: float = 0.95,
+    min_samples: int = 30,
+    seed: int = 0,
+    reward_range: tuple[float, float] | None = None,
+) -> Comparison:
     stats = ArmStats.of(canary), ArmStats.of(incumbent)
     if len(canary) < max(2, min_samples) or len(incumbent) < max(2, min_samples):
         return Comparison(*stats, method, confidence, min_samples, INSUFFICIENT)
@@ -246,17 +259,33 @@ def decide_lineage(lineage: Comparison, newest: Comparison, *, mode: str, elapse
 
 # ---------------------------------------------------------------- data
 
-async def arm_rewards(connection: AsyncConnection, policy: str, canary_id: uuid.UUID,
-                      incumbent_id: uuid.UUID | None, since: datetime,
-                      reward_name: str = "reward") -> tuple[list[float], list[float]]:
+
+async def arm_rewards(
+    connection: AsyncConnection,
+    policy: str,
+    canary_id: uuid.UUID,
+    incumbent_id: uuid.UUID | None,
+    since: datetime,
+    reward_name: str = "reward",
+) -> tuple[list[float], list[float]]:
     """Current rewards of the canary's and the incumbent's trajectories since `since`."""
-    query = (select(trajectories.c.adapter_version_id, rewards.c.value)
-             .join(rewards, (rewards.c.trajectory_id == trajectories.c.id) & (rewards.c.name == reward_name)
-                   & (rewards.c.status == "linked") & rewards.c.superseded_at.is_(None))
-             .where(trajectories.c.policy == policy, trajectories.c.merged_into.is_(None),
-                    trajectories.c.first_call_at >= since,
-                    (trajectories.c.adapter_version_id == canary_id)
-                    | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id)))
+    query = (
+        select(trajectories.c.adapter_version_id, rewards.c.value)
+        .join(
+            rewards,
+            (rewards.c.trajectory_id == trajectories.c.id)
+            & (rewards.c.name == reward_name)
+            & (rewards.c.status == "linked")
+            & rewards.c.superseded_at.is_(None),
+        )
+        .where(
+            trajectories.c.policy == policy,
+            trajectories.c.merged_into.is_(None),
+            trajectories.c.first_call_at >= since,
+            (trajectories.c.adapter_version_id == canary_id)
+            | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id),
+        )
+    )
     canary: list[float] = []
     incumbent: list[float] = []
     for version_id, value in await connection.execute(query):
@@ -278,18 +307,35 @@ class LineageRewards:
     incumbent_since_newest: list[float]
 
 
-async def lineage_rewards(connection: AsyncConnection, policy: str, lineage_ids: Sequence[uuid.UUID],
-                          newest_id: uuid.UUID, newest_since: datetime, incumbent_id: uuid.UUID | None,
-                          since: datetime, reward_name: str = "reward") -> LineageRewards:
+async def lineage_rewards(
+    connection: AsyncConnection,
+    policy: str,
+    lineage_ids: Sequence[uuid.UUID],
+    newest_id: uuid.UUID,
+    newest_since: datetime,
+    incumbent_id: uuid.UUID | None,
+    since: datetime,
+    reward_name: str = "reward",
+) -> LineageRewards:
     """Current rewards of the lineage's, the newest version's and the incumbent's trajectories."""
     lineage = set(lineage_ids) | {newest_id}
-    query = (select(trajectories.c.adapter_version_id, trajectories.c.first_call_at, rewards.c.value)
-             .join(rewards, (rewards.c.trajectory_id == trajectories.c.id) & (rewards.c.name == reward_name)
-                   & (rewards.c.status == "linked") & rewards.c.superseded_at.is_(None))
-             .where(trajectories.c.policy == policy, trajectories.c.merged_into.is_(None),
-                    trajectories.c.first_call_at >= since,
-                    trajectories.c.adapter_version_id.in_(lineage)
-                    | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id)))
+    query = (
+        select(trajectories.c.adapter_version_id, trajectories.c.first_call_at, rewards.c.value)
+        .join(
+            rewards,
+            (rewards.c.trajectory_id == trajectories.c.id)
+            & (rewards.c.name == reward_name)
+            & (rewards.c.status == "linked")
+            & rewards.c.superseded_at.is_(None),
+        )
+        .where(
+            trajectories.c.policy == policy,
+            trajectories.c.merged_into.is_(None),
+            trajectories.c.first_call_at >= since,
+            trajectories.c.adapter_version_id.in_(lineage)
+            | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id),
+        )
+    )
     found = LineageRewards([], [], [], [])
     for version_id, first_call_at, value in await connection.execute(query):
         if value is None or not math.isfinite(value):

@@ -39,12 +39,44 @@ from apprentice.promotion.rows import AdapterVersion, PolicyState, Transition
 from apprentice.promotion.status import ALLOWED, SERVING, VersionStatus
 from apprentice.store.tables import adapter_transitions, adapter_versions, policy_state
 
-__all__ = ["ALLOWED", "NOTIFY_CHANNEL", "SERVING", "STATUSES", "NewCandidate", "Prepare", "Serving", "TransitionError",
-           "TransitionResult", "VersionNotFound", "VersionStatus", "candidate_rows", "files_deleted", "find_version",
-           "get_version", "is_allowed", "last_transition_at", "learning_paused", "lineage_started_at", "lock_policy",
-           "next_version_number", "policy_states", "promote", "record_candidate", "refusal", "reject",
-           "reject_lineage", "rollback", "serving_versions", "set_learning_paused", "start_canary",
-           "supersede_canary", "transition", "transitions_of", "update_jsonb", "versions_of"]
+__all__ = [
+    "ALLOWED",
+    "NOTIFY_CHANNEL",
+    "SERVING",
+    "STATUSES",
+    "NewCandidate",
+    "Prepare",
+    "Serving",
+    "TransitionError",
+    "TransitionResult",
+    "VersionNotFound",
+    "VersionStatus",
+    "candidate_rows",
+    "files_deleted",
+    "find_version",
+    "get_version",
+    "is_allowed",
+    "last_transition_at",
+    "learning_paused",
+    "lineage_started_at",
+    "lock_policy",
+    "next_version_number",
+    "policy_states",
+    "promote",
+    "record_candidate",
+    "refusal",
+    "reject",
+    "reject_lineage",
+    "rollback",
+    "serving_versions",
+    "set_learning_paused",
+    "start_canary",
+    "supersede_canary",
+    "transition",
+    "transitions_of",
+    "update_jsonb",
+    "versions_of",
+]
 
 STATUSES: tuple[VersionStatus, ...] = tuple(VersionStatus)
 
@@ -75,15 +107,20 @@ def refusal(version: AdapterVersion, to_status: VersionStatus, allowed: Iterable
     origins = sorted(status.value for status in allowed)
     return TransitionError(
         f"adapter version {version.name} is {version.status}: it cannot become {to_status} "
-        f"(only from {', '.join(origins) if origins else 'no status'})", current=version.status)
+        f"(only from {', '.join(origins) if origins else 'no status'})",
+        current=version.status,
+    )
 
 
 def files_deleted(version: AdapterVersion) -> TransitionError | None:
     """The error for making a version serve whose files retention deleted; None when they are there."""
     if version.files_deleted_at is None:
         return None
-    return TransitionError(f"adapter version {version.name} cannot serve: its files were deleted at "
-                           f"{version.files_deleted_at.isoformat()} (retention)", current=version.status)
+    return TransitionError(
+        f"adapter version {version.name} cannot serve: its files were deleted at "
+        f"{version.files_deleted_at.isoformat()} (retention)",
+        current=version.status,
+    )
 
 
 @dataclass
@@ -107,10 +144,12 @@ class Serving:
 
 # ---------------------------------------------------------------- reads
 
+
 async def lock_policy(connection: AsyncConnection, policy: str) -> None:
     """Serialise all transitions of one policy: lock its policy_state row (made on first use)."""
-    await connection.execute(text("INSERT INTO policy_state (policy) VALUES (:p) ON CONFLICT (policy) DO NOTHING"),
-                             {"p": policy})
+    await connection.execute(
+        text("INSERT INTO policy_state (policy) VALUES (:p) ON CONFLICT (policy) DO NOTHING"), {"p": policy}
+    )
     await connection.execute(select(policy_state.c.policy).where(policy_state.c.policy == policy).with_for_update())
 
 
@@ -143,8 +182,9 @@ async def find_version(engine: AsyncEngine, ref: str | uuid.UUID, policy: str | 
     return AdapterVersion.from_row(row)
 
 
-async def versions_of(connection: AsyncConnection, policy: str | None,
-                      statuses: Iterable[VersionStatus]) -> list[AdapterVersion]:
+async def versions_of(
+    connection: AsyncConnection, policy: str | None, statuses: Iterable[VersionStatus]
+) -> list[AdapterVersion]:
     """The versions of `policy` (None: of every policy) in one of `statuses`, oldest first."""
     query = select(adapter_versions).where(adapter_versions.c.status.in_([s.value for s in statuses]))
     if policy is not None:
@@ -160,15 +200,18 @@ async def serving_versions(connection: AsyncConnection, policy: str) -> Serving:
 
 
 async def learning_paused(connection: AsyncConnection, policy: str) -> bool:
-    value = (await connection.execute(select(policy_state.c.learning_paused)
-                                      .where(policy_state.c.policy == policy))).scalar()
+    value = (
+        await connection.execute(select(policy_state.c.learning_paused).where(policy_state.c.policy == policy))
+    ).scalar()
     return bool(value)
 
 
-async def last_transition_at(connection: AsyncConnection, version_id: uuid.UUID,
-                             to_status: VersionStatus | None = None) -> datetime | None:
+async def last_transition_at(
+    connection: AsyncConnection, version_id: uuid.UUID, to_status: VersionStatus | None = None
+) -> datetime | None:
     query = select(func.max(adapter_transitions.c.created_at)).where(
-        adapter_transitions.c.adapter_version_id == version_id)
+        adapter_transitions.c.adapter_version_id == version_id
+    )
     if to_status is not None:
         query = query.where(adapter_transitions.c.to_status == to_status.value)
     last: datetime | None = (await connection.execute(query)).scalar()
@@ -187,20 +230,28 @@ async def lineage_started_at(connection: AsyncConnection, policy: str) -> dateti
     lineage = lineage_versions(await versions_of(connection, policy, (*LINEAGE_STATUSES, VersionStatus.PROMOTED)))
     if not lineage:
         return None
-    started: datetime | None = (await connection.execute(
-        select(func.min(adapter_transitions.c.created_at)).where(
-            adapter_transitions.c.adapter_version_id.in_([v.id for v in lineage]),
-            adapter_transitions.c.to_status == VersionStatus.CANARY.value))).scalar()
+    started: datetime | None = (
+        await connection.execute(
+            select(func.min(adapter_transitions.c.created_at)).where(
+                adapter_transitions.c.adapter_version_id.in_([v.id for v in lineage]),
+                adapter_transitions.c.to_status == VersionStatus.CANARY.value,
+            )
+        )
+    ).scalar()
     return started
 
 
 async def transitions_of(connection: AsyncConnection, version_id: uuid.UUID) -> list[Transition]:
-    rows = await connection.execute(select(adapter_transitions).where(
-        adapter_transitions.c.adapter_version_id == version_id).order_by(adapter_transitions.c.id))
+    rows = await connection.execute(
+        select(adapter_transitions)
+        .where(adapter_transitions.c.adapter_version_id == version_id)
+        .order_by(adapter_transitions.c.id)
+    )
     return [Transition.from_row(row) for row in rows]
 
 
 # ---------------------------------------------------------------- a new candidate (the learner)
+
 
 @dataclass(frozen=True)
 class NewCandidate:
@@ -222,14 +273,27 @@ class NewCandidate:
 def candidate_rows(candidate: NewCandidate) -> tuple[Insert, Insert]:
     """The version row (status candidate) and its first transition row (NULL -> candidate, "auto")."""
     version = insert(adapter_versions).values(
-        id=candidate.id, policy=candidate.policy, version=candidate.version, name=candidate.name,
-        status=VersionStatus.CANDIDATE.value, base_model=candidate.base_model, path=candidate.path,
-        parent_version_id=candidate.parent_version_id, training_run_id=candidate.training_run_id,
-        rank=candidate.rank, alpha=candidate.alpha, target_modules=sorted(candidate.target_modules))
+        id=candidate.id,
+        policy=candidate.policy,
+        version=candidate.version,
+        name=candidate.name,
+        status=VersionStatus.CANDIDATE.value,
+        base_model=candidate.base_model,
+        path=candidate.path,
+        parent_version_id=candidate.parent_version_id,
+        training_run_id=candidate.training_run_id,
+        rank=candidate.rank,
+        alpha=candidate.alpha,
+        target_modules=sorted(candidate.target_modules),
+    )
     first_transition = insert(adapter_transitions).values(
-        adapter_version_id=candidate.id, policy=candidate.policy, from_status=None,
-        to_status=VersionStatus.CANDIDATE.value, actor="auto",
-        reason=f"trained by learner run {candidate.training_run_id}")
+        adapter_version_id=candidate.id,
+        policy=candidate.policy,
+        from_status=None,
+        to_status=VersionStatus.CANDIDATE.value,
+        actor="auto",
+        reason=f"trained by learner run {candidate.training_run_id}",
+    )
     return version, first_transition
 
 
@@ -246,7 +310,8 @@ def record_candidate(connection: psycopg.Connection[Any], candidate: NewCandidat
 def next_version_number(connection: psycopg.Connection[Any], policy: str) -> int:
     """The number the policy's next version gets (its LoRA name is `<policy>-v<number>`)."""
     query = select(func.coalesce(func.max(adapter_versions.c.version), 0) + 1).where(
-        adapter_versions.c.policy == policy)
+        adapter_versions.c.policy == policy
+    )
     row = _execute_on_psycopg(connection, query).fetchone()
     assert row is not None  # an aggregate always answers one row
     return int(row[0])
@@ -268,17 +333,36 @@ def _execute_on_psycopg(connection: psycopg.Connection[Any], statement: ClauseEl
 
 # ---------------------------------------------------------------- transitions
 
-async def _record(connection: AsyncConnection, version: AdapterVersion, to_status: VersionStatus, actor: str,
-                  reason: str | None, values: dict[str, Any] | None = None) -> AdapterVersion:
-    updated = (await connection.execute(
-        update(adapter_versions).where(adapter_versions.c.id == version.id)
-        .values(status=to_status.value, updated_at=func.now(), **(values or {}))
-        .returning(*adapter_versions.c))).one()
-    await connection.execute(insert(adapter_transitions).values(
-        adapter_version_id=version.id, policy=version.policy, from_status=version.status.value,
-        to_status=to_status.value, actor=actor, reason=reason))
-    await connection.execute(text("SELECT pg_notify(:channel, :policy)"),
-                             {"channel": NOTIFY_CHANNEL, "policy": version.policy})
+
+async def _record(
+    connection: AsyncConnection,
+    version: AdapterVersion,
+    to_status: VersionStatus,
+    actor: str,
+    reason: str | None,
+    values: dict[str, Any] | None = None,
+) -> AdapterVersion:
+    updated = (
+        await connection.execute(
+            update(adapter_versions)
+            .where(adapter_versions.c.id == version.id)
+            .values(status=to_status.value, updated_at=func.now(), **(values or {}))
+            .returning(*adapter_versions.c)
+        )
+    ).one()
+    await connection.execute(
+        insert(adapter_transitions).values(
+            adapter_version_id=version.id,
+            policy=version.policy,
+            from_status=version.status.value,
+            to_status=to_status.value,
+            actor=actor,
+            reason=reason,
+        )
+    )
+    await connection.execute(
+        text("SELECT pg_notify(:channel, :policy)"), {"channel": NOTIFY_CHANNEL, "policy": version.policy}
+    )
     return AdapterVersion.from_row(updated)
 
 
@@ -287,8 +371,9 @@ async def _policy_of(engine: AsyncEngine, version_id: uuid.UUID) -> str:
         return (await get_version(connection, version_id)).policy
 
 
-def _values_for(to_status: VersionStatus, canary_share: float | None,
-                evaluation: dict[str, Any] | None) -> dict[str, Any]:
+def _values_for(
+    to_status: VersionStatus, canary_share: float | None, evaluation: dict[str, Any] | None
+) -> dict[str, Any]:
     """The columns besides the status that a transition to `to_status` sets."""
     if to_status is VersionStatus.CANARY:
         return {"canary_share": canary_share, **({"evaluation": evaluation} if evaluation is not None else {})}
@@ -297,10 +382,18 @@ def _values_for(to_status: VersionStatus, canary_share: float | None,
     return {}
 
 
-async def transition(engine: AsyncEngine, version_id: uuid.UUID, to_status: VersionStatus, *, actor: str,
-                     reason: str | None = None, from_statuses: Iterable[VersionStatus] | None = None,
-                     canary_share: float | None = None, evaluation: dict[str, Any] | None = None,
-                     prepare: Prepare | None = None) -> TransitionResult:
+async def transition(
+    engine: AsyncEngine,
+    version_id: uuid.UUID,
+    to_status: VersionStatus,
+    *,
+    actor: str,
+    reason: str | None = None,
+    from_statuses: Iterable[VersionStatus] | None = None,
+    canary_share: float | None = None,
+    evaluation: dict[str, Any] | None = None,
+    prepare: Prepare | None = None,
+) -> TransitionResult:
     """Move a version to `to_status` (canary, promoted or rejected) in one locked transaction.
 
     `from_statuses` narrows the allowed origins (the periodic job promotes only canaries, a
@@ -327,27 +420,45 @@ async def transition(engine: AsyncEngine, version_id: uuid.UUID, to_status: Vers
             raise deleted
         serving = await serving_versions(connection, policy)
         if to_status is VersionStatus.CANARY and serving.canary is not None:
-            raise TransitionError(f"policy {policy!r} already has a canary ({serving.canary.name}): promote or "
-                                  "reject it first", current=version.status)
+            raise TransitionError(
+                f"policy {policy!r} already has a canary ({serving.canary.name}): promote or reject it first",
+                current=version.status,
+            )
         prepared = await prepare(version) if prepare is not None else None
         side: list[AdapterVersion] = []
         if to_status is VersionStatus.PROMOTED and serving.promoted is not None:
-            side.append(await _record(connection, serving.promoted, VersionStatus.RETIRED, actor,
-                                      f"replaced by {version.name}" + (f": {reason}" if reason else "")))
+            side.append(
+                await _record(
+                    connection,
+                    serving.promoted,
+                    VersionStatus.RETIRED,
+                    actor,
+                    f"replaced by {version.name}" + (f": {reason}" if reason else ""),
+                )
+            )
         if to_status is VersionStatus.PROMOTED and version.status is VersionStatus.RETIRED:
             # A rollback: the versions newer than the one that serves again descend from the
             # line given up on; left as candidates they would be the lineage the learner continues.
             for newer in await versions_of(connection, policy, LINEAGE_STATUSES):
                 if newer.version > version.version:
-                    side.append(await _record(connection, newer, VersionStatus.REJECTED, actor,
-                                              f"lineage given up: rolled back to {version.name}"))
-        updated = await _record(connection, version, to_status, actor, reason,
-                                _values_for(to_status, canary_share, evaluation))
+                    side.append(
+                        await _record(
+                            connection,
+                            newer,
+                            VersionStatus.REJECTED,
+                            actor,
+                            f"lineage given up: rolled back to {version.name}",
+                        )
+                    )
+        updated = await _record(
+            connection, version, to_status, actor, reason, _values_for(to_status, canary_share, evaluation)
+        )
     return TransitionResult(updated, changed=True, from_status=version.status, side_effects=side, prepared=prepared)
 
 
-async def supersede_canary(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, reason: str | None = None,
-                           prepare: Prepare | None = None) -> TransitionResult:
+async def supersede_canary(
+    engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, reason: str | None = None, prepare: Prepare | None = None
+) -> TransitionResult:
     """Move the canary on to a newer version of its lineage, in one locked transaction.
 
     The newer version (a candidate) becomes the canary with the old canary's share; the old
@@ -369,16 +480,24 @@ async def supersede_canary(engine: AsyncEngine, version_id: uuid.UUID, *, actor:
             raise deleted
         old = (await serving_versions(connection, policy)).canary
         if old is None:
-            raise TransitionError(f"policy {policy!r} has no canary for {version.name} to supersede",
-                                  current=version.status)
+            raise TransitionError(
+                f"policy {policy!r} has no canary for {version.name} to supersede", current=version.status
+            )
         if old.version >= version.version:
             raise TransitionError(f"{version.name} is not newer than the canary {old.name}", current=version.status)
         prepared = await prepare(version) if prepare is not None else None
         retired = await _record(connection, old, VersionStatus.CANDIDATE, actor, f"superseded by {version.name}")
-        updated = await _record(connection, version, VersionStatus.CANARY, actor, reason,
-                                {"canary_share": old.canary_share, "evaluation": old.evaluation})
-    return TransitionResult(updated, changed=True, from_status=version.status, side_effects=[retired],
-                            prepared=prepared)
+        updated = await _record(
+            connection,
+            version,
+            VersionStatus.CANARY,
+            actor,
+            reason,
+            {"canary_share": old.canary_share, "evaluation": old.evaluation},
+        )
+    return TransitionResult(
+        updated, changed=True, from_status=version.status, side_effects=[retired], prepared=prepared
+    )
 
 
 async def reject_lineage(engine: AsyncEngine, policy: str, *, actor: str, reason: str) -> list[AdapterVersion]:
@@ -393,56 +512,108 @@ async def reject_lineage(engine: AsyncEngine, policy: str, *, actor: str, reason
         return [await _record(connection, version, VersionStatus.REJECTED, actor, reason) for version in lineage]
 
 
-async def start_canary(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, share: float,
-                       reason: str | None = None, evaluation: dict[str, Any] | None = None,
-                       prepare: Prepare | None = None) -> TransitionResult:
-    return await transition(engine, version_id, VersionStatus.CANARY, actor=actor, reason=reason, canary_share=share,
-                            evaluation=evaluation, prepare=prepare)
+async def start_canary(
+    engine: AsyncEngine,
+    version_id: uuid.UUID,
+    *,
+    actor: str,
+    share: float,
+    reason: str | None = None,
+    evaluation: dict[str, Any] | None = None,
+    prepare: Prepare | None = None,
+) -> TransitionResult:
+    return await transition(
+        engine,
+        version_id,
+        VersionStatus.CANARY,
+        actor=actor,
+        reason=reason,
+        canary_share=share,
+        evaluation=evaluation,
+        prepare=prepare,
+    )
 
 
-async def promote(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, reason: str | None = None,
-                  from_statuses: Iterable[VersionStatus] | None = None,
-                  prepare: Prepare | None = None) -> TransitionResult:
-    return await transition(engine, version_id, VersionStatus.PROMOTED, actor=actor, reason=reason,
-                            from_statuses=from_statuses, prepare=prepare)
+async def promote(
+    engine: AsyncEngine,
+    version_id: uuid.UUID,
+    *,
+    actor: str,
+    reason: str | None = None,
+    from_statuses: Iterable[VersionStatus] | None = None,
+    prepare: Prepare | None = None,
+) -> TransitionResult:
+    return await transition(
+        engine,
+        version_id,
+        VersionStatus.PROMOTED,
+        actor=actor,
+        reason=reason,
+        from_statuses=from_statuses,
+        prepare=prepare,
+    )
 
 
-async def reject(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, reason: str | None = None,
-                 from_statuses: Iterable[VersionStatus] | None = None) -> TransitionResult:
-    return await transition(engine, version_id, VersionStatus.REJECTED, actor=actor, reason=reason,
-                            from_statuses=from_statuses)
+async def reject(
+    engine: AsyncEngine,
+    version_id: uuid.UUID,
+    *,
+    actor: str,
+    reason: str | None = None,
+    from_statuses: Iterable[VersionStatus] | None = None,
+) -> TransitionResult:
+    return await transition(
+        engine, version_id, VersionStatus.REJECTED, actor=actor, reason=reason, from_statuses=from_statuses
+    )
 
 
-async def rollback(engine: AsyncEngine, version_id: uuid.UUID, *, actor: str,
-                   reason: str | None = None) -> TransitionResult:
+async def rollback(
+    engine: AsyncEngine, version_id: uuid.UUID, *, actor: str, reason: str | None = None
+) -> TransitionResult:
     """Make a retired version promoted again (the promoted one is retired)."""
-    return await transition(engine, version_id, VersionStatus.PROMOTED, actor=actor, reason=reason or "rollback",
-                            from_statuses=(VersionStatus.RETIRED,))
+    return await transition(
+        engine,
+        version_id,
+        VersionStatus.PROMOTED,
+        actor=actor,
+        reason=reason or "rollback",
+        from_statuses=(VersionStatus.RETIRED,),
+    )
 
 
 # ---------------------------------------------------------------- documents and policy state
 
-async def update_jsonb(engine: AsyncEngine, version_id: uuid.UUID, column: Literal["gates", "evaluation"],
-                       value: dict[str, Any]) -> None:
+
+async def update_jsonb(
+    engine: AsyncEngine, version_id: uuid.UUID, column: Literal["gates", "evaluation"], value: dict[str, Any]
+) -> None:
     """Replace the `gates` or `evaluation` document of a version (no status change)."""
     if column not in ("gates", "evaluation"):
         raise ValueError(column)
     async with engine.begin() as connection:
-        await connection.execute(update(adapter_versions).where(adapter_versions.c.id == version_id)
-                                 .values({column: value, "updated_at": func.now()}))
+        await connection.execute(
+            update(adapter_versions)
+            .where(adapter_versions.c.id == version_id)
+            .values({column: value, "updated_at": func.now()})
+        )
 
 
 async def set_learning_paused(engine: AsyncEngine, policy: str, paused: bool, *, actor: str) -> PolicyState:
     """Pause or resume learning for a policy (idempotent: an unchanged state keeps who set it)."""
     async with engine.begin() as connection:
-        row = (await connection.execute(text(
-            "INSERT INTO policy_state (policy, learning_paused, updated_by, updated_at) "
-            "VALUES (:p, :paused, :actor, now()) ON CONFLICT (policy) DO UPDATE "
-            "SET learning_paused = excluded.learning_paused, updated_by = excluded.updated_by, "
-            "updated_at = now() "
-            "WHERE policy_state.learning_paused IS DISTINCT FROM excluded.learning_paused "
-            "RETURNING policy, learning_paused, updated_by, updated_at"),
-            {"p": policy, "paused": paused, "actor": actor})).first()
+        row = (
+            await connection.execute(
+                text(
+                    "INSERT INTO policy_state (policy, learning_paused, updated_by, updated_at) "
+                    "VALUES (:p, :paused, :actor, now()) ON CONFLICT (policy) DO UPDATE "
+                    "SET learning_paused = excluded.learning_paused, updated_by = excluded.updated_by, "
+                    "updated_at = now() "
+                    "WHERE policy_state.learning_paused IS DISTINCT FROM excluded.learning_paused "
+                    "RETURNING policy, learning_paused, updated_by, updated_at"
+                ),
+                {"p": policy, "paused": paused, "actor": actor},
+            )
+        ).first()
         if row is None:  # already in that state: nothing written
             row = (await connection.execute(select(policy_state).where(policy_state.c.policy == policy))).one()
     return PolicyState.from_row(row)

@@ -128,8 +128,9 @@ async def _load_one(client: httpx.AsyncClient, endpoint: str, name: str, path: s
 
 async def _unload_one(client: httpx.AsyncClient, endpoint: str, name: str, api_key: str | None) -> str:
     try:
-        response = await client.post(f"{endpoint}/unload_lora_adapter", headers=_headers(api_key),
-                                     json={"lora_name": name})
+        response = await client.post(
+            f"{endpoint}/unload_lora_adapter", headers=_headers(api_key), json={"lora_name": name}
+        )
     except httpx.HTTPError as exc:
         raise _Transient(f"{type(exc).__name__}: {exc}") from exc
     if response.status_code == 404 or (response.status_code == 400 and NOT_FOUND_ON_UNLOAD in response.text):
@@ -157,9 +158,16 @@ async def _with_retries(operation: Any, endpoint: str, attempts: int, backoff_s:
     raise AssertionError("unreachable")
 
 
-async def _run_everywhere(endpoints: Sequence[str], name: str, action: str, make_op: Any,
-                          client: httpx.AsyncClient | None, timeout_s: float, attempts: int,
-                          backoff_s: float) -> list[EndpointOutcome]:
+async def _run_everywhere(
+    endpoints: Sequence[str],
+    name: str,
+    action: str,
+    make_op: Any,
+    client: httpx.AsyncClient | None,
+    timeout_s: float,
+    attempts: int,
+    backoff_s: float,
+) -> list[EndpointOutcome]:
     own = client is None
     client = client or httpx.AsyncClient(timeout=timeout_s)
     try:
@@ -178,40 +186,68 @@ async def _run_everywhere(endpoints: Sequence[str], name: str, action: str, make
     finally:
         if own:
             await client.aclose()
-    failures = {endpoint: result for endpoint, result in zip(endpoints, results, strict=True)
-                if isinstance(result, str)}
+    failures = {
+        endpoint: result for endpoint, result in zip(endpoints, results, strict=True) if isinstance(result, str)
+    }
     if failures:
         raise LoadError(name, failures, action, permanent=all(permanent))
     return [r for r in results if isinstance(r, EndpointOutcome)]
 
 
-async def ensure_loaded(endpoints: Sequence[str], name: str, path: str, *, api_key: str | None = None,
-                        client: httpx.AsyncClient | None = None, timeout_s: float = 120.0, attempts: int = 4,
-                        backoff_s: float = 0.5) -> list[EndpointOutcome]:
+async def ensure_loaded(
+    endpoints: Sequence[str],
+    name: str,
+    path: str,
+    *,
+    api_key: str | None = None,
+    client: httpx.AsyncClient | None = None,
+    timeout_s: float = 120.0,
+    attempts: int = 4,
+    backoff_s: float = 0.5,
+) -> list[EndpointOutcome]:
     """Make every endpoint serve adapter `name` from `path`; raise LoadError naming those that don't."""
     if not endpoints:
-        raise LoadError(name, {"(none)": "the policy has no inference endpoints to load adapters into"},
-                        permanent=True)
-    return await _run_everywhere(endpoints, name, "load",
-                                 lambda c, e: _load_one(c, e, name, path, api_key),
-                                 client, timeout_s, attempts, backoff_s)
+        raise LoadError(name, {"(none)": "the policy has no inference endpoints to load adapters into"}, permanent=True)
+    return await _run_everywhere(
+        endpoints,
+        name,
+        "load",
+        lambda c, e: _load_one(c, e, name, path, api_key),
+        client,
+        timeout_s,
+        attempts,
+        backoff_s,
+    )
 
 
-async def unload(endpoints: Sequence[str], name: str, *, api_key: str | None = None,
-                 client: httpx.AsyncClient | None = None, timeout_s: float = 60.0, attempts: int = 3,
-                 backoff_s: float = 0.5) -> list[EndpointOutcome]:
+async def unload(
+    endpoints: Sequence[str],
+    name: str,
+    *,
+    api_key: str | None = None,
+    client: httpx.AsyncClient | None = None,
+    timeout_s: float = 60.0,
+    attempts: int = 3,
+    backoff_s: float = 0.5,
+) -> list[EndpointOutcome]:
     """Remove adapter `name` from every endpoint; one that does not have it counts as done."""
-    return await _run_everywhere(endpoints, name, "unload",
-                                 lambda c, e: _unload_one(c, e, name, api_key),
-                                 client, timeout_s, attempts, backoff_s)
+    return await _run_everywhere(
+        endpoints, name, "unload", lambda c, e: _unload_one(c, e, name, api_key), client, timeout_s, attempts, backoff_s
+    )
 
 
-async def loaded_at(endpoints: Sequence[str], *, api_key: str | None = None, client: httpx.AsyncClient | None = None,
-                    timeout_s: float = 30.0) -> dict[str, dict[str, Any] | str]:
+async def loaded_at(
+    endpoints: Sequence[str],
+    *,
+    api_key: str | None = None,
+    client: httpx.AsyncClient | None = None,
+    timeout_s: float = 30.0,
+) -> dict[str, dict[str, Any] | str]:
     """{endpoint: {model id: root}} for each endpoint, or the error text where it did not answer."""
     own = client is None
     client = client or httpx.AsyncClient(timeout=timeout_s)
     try:
+
         async def one(endpoint: str) -> dict[str, Any] | str:
             try:
                 return await list_models(client, endpoint.rstrip("/"), api_key)

@@ -39,8 +39,9 @@ class Provenance:
     sampled_by: list[Sampler] = field(default_factory=list)
 
 
-async def provenance(connection: AsyncConnection, versions: Sequence[AdapterVersion],
-                     every_version: Sequence[AdapterVersion]) -> dict[uuid.UUID, Provenance]:
+async def provenance(
+    connection: AsyncConnection, versions: Sequence[AdapterVersion], every_version: Sequence[AdapterVersion]
+) -> dict[uuid.UUID, Provenance]:
     """`Provenance` of each of `versions`; `every_version`: all the policy's versions (for
     parents' names and the lineage)."""
     by_id = {v.id: v for v in every_version}
@@ -49,17 +50,20 @@ async def provenance(connection: AsyncConnection, versions: Sequence[AdapterVers
     samples: dict[uuid.UUID, int | None] = {}
     counts: dict[uuid.UUID, list[Sampler]] = {}
     if runs:
-        rows = await connection.execute(select(training_runs.c.id, training_runs.c.samples)
-                                        .where(training_runs.c.id.in_(runs)))
+        rows = await connection.execute(
+            select(training_runs.c.id, training_runs.c.samples).where(training_runs.c.id.in_(runs))
+        )
         samples = {row.id: row.samples for row in rows}
         grouped = await connection.execute(
             select(trajectories.c.trained_in_run_id, trajectories.c.adapter_version_id, func.count())
             .where(trajectories.c.trained_in_run_id.in_(runs))
-            .group_by(trajectories.c.trained_in_run_id, trajectories.c.adapter_version_id))
+            .group_by(trajectories.c.trained_in_run_id, trajectories.c.adapter_version_id)
+        )
         for run_id, version_id, count in grouped:
             sampler = by_id.get(version_id) if version_id is not None else None
             counts.setdefault(run_id, []).append(
-                Sampler(version_id, sampler.name if sampler is not None else BASE_MODEL, int(count)))
+                Sampler(version_id, sampler.name if sampler is not None else BASE_MODEL, int(count))
+            )
     found = {}
     for version in versions:
         run = version.training_run_id
@@ -67,4 +71,3 @@ async def provenance(connection: AsyncConnection, versions: Sequence[AdapterVers
         parent = by_id.get(version.parent_version_id) if version.parent_version_id is not None else None
         found[version.id] = Provenance(parent, version.id in live, samples.get(run) if run else None, sampled_by)
     return found
-

@@ -48,15 +48,21 @@ class Deletion:
     result: str
 
 
-def plan_retention(versions: Iterable[AdapterVersion], keep_last: int,
-                   ever_promoted: set[uuid.UUID]) -> list[AdapterVersion]:
+def plan_retention(
+    versions: Iterable[AdapterVersion], keep_last: int, ever_promoted: set[uuid.UUID]
+) -> list[AdapterVersion]:
     """The versions whose files should go (pure: no clock, no files)."""
     ordered = sorted(versions, key=lambda v: v.version, reverse=True)
     newest = {v.id for v in ordered[:keep_last]}
     promoted = max((v.version for v in ordered if v.status == VersionStatus.PROMOTED), default=0)
-    return [v for v in ordered
-            if v.id not in newest and v.id not in ever_promoted and v.files_deleted_at is None
-            and (v.status in DELETABLE_STATUSES or (v.status == VersionStatus.CANDIDATE and v.version < promoted))]
+    return [
+        v
+        for v in ordered
+        if v.id not in newest
+        and v.id not in ever_promoted
+        and v.files_deleted_at is None
+        and (v.status in DELETABLE_STATUSES or (v.status == VersionStatus.CANDIDATE and v.version < promoted))
+    ]
 
 
 def delete_adapter_files(path: str) -> str:
@@ -70,21 +76,34 @@ def delete_adapter_files(path: str) -> str:
     return "deleted"
 
 
-async def apply_retention(engine: AsyncEngine, policy: str, *, keep_last: int, grace_s: float,
-                          now: datetime | None = None) -> list[Deletion]:
+async def apply_retention(
+    engine: AsyncEngine, policy: str, *, keep_last: int, grace_s: float, now: datetime | None = None
+) -> list[Deletion]:
     """Delete the files of the versions `plan_retention` picks, once their grace period is over."""
     now = now or datetime.now(timezone.utc)
     async with engine.connect() as connection:
-        versions = [AdapterVersion.from_row(row) for row in await connection.execute(
-            select(adapter_versions).where(adapter_versions.c.policy == policy))]
-        promoted = {row[0] for row in await connection.execute(
-            select(adapter_transitions.c.adapter_version_id).where(
-                adapter_transitions.c.policy == policy,
-                adapter_transitions.c.to_status == VersionStatus.PROMOTED.value))}
+        versions = [
+            AdapterVersion.from_row(row)
+            for row in await connection.execute(select(adapter_versions).where(adapter_versions.c.policy == policy))
+        ]
+        promoted = {
+            row[0]
+            for row in await connection.execute(
+                select(adapter_transitions.c.adapter_version_id).where(
+                    adapter_transitions.c.policy == policy,
+                    adapter_transitions.c.to_status == VersionStatus.PROMOTED.value,
+                )
+            )
+        }
         promoted |= {v.id for v in versions if v.status in EVER_PROMOTED_STATUSES}
-        last = {row[0]: row[1] for row in await connection.execute(
-            select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
-            .where(adapter_transitions.c.policy == policy).group_by(adapter_transitions.c.adapter_version_id))}
+        last = {
+            row[0]: row[1]
+            for row in await connection.execute(
+                select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
+                .where(adapter_transitions.c.policy == policy)
+                .group_by(adapter_transitions.c.adapter_version_id)
+            )
+        }
     done = []
     for version in plan_retention(versions, keep_last, promoted):
         changed_at = last.get(version.id)
@@ -95,7 +114,10 @@ async def apply_retention(engine: AsyncEngine, policy: str, *, keep_last: int, g
             log.warning("retention: not deleting %s for %s (%s)", version.path, version.name, result)
         else:
             async with engine.begin() as connection:
-                await connection.execute(update(adapter_versions).where(adapter_versions.c.id == version.id)
-                                         .values(files_deleted_at=func.now(), updated_at=func.now()))
+                await connection.execute(
+                    update(adapter_versions)
+                    .where(adapter_versions.c.id == version.id)
+                    .values(files_deleted_at=func.now(), updated_at=func.now())
+                )
         done.append(Deletion(version.id, version.name, version.path, result))
     return done

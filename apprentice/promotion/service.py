@@ -62,10 +62,32 @@ log = logging.getLogger(__name__)
 
 AUTO = "auto"
 
-__all__ = ["AUTO", "ActionResult", "CanaryEvaluation", "PolicyNotConfigured", "PolicySummary", "TickReport",
-           "TransitionError", "VersionDetail", "VersionListing", "VersionNotFound", "approve", "check_gates",
-           "evaluate_canary", "list_policies", "list_versions", "promote_now", "promotion_tick", "reconcile", "reject",
-           "rollback", "run_promotion_tick", "set_paused", "version_detail", "version_listing"]
+__all__ = [
+    "AUTO",
+    "ActionResult",
+    "CanaryEvaluation",
+    "PolicyNotConfigured",
+    "PolicySummary",
+    "TickReport",
+    "TransitionError",
+    "VersionDetail",
+    "VersionListing",
+    "VersionNotFound",
+    "approve",
+    "check_gates",
+    "evaluate_canary",
+    "list_policies",
+    "list_versions",
+    "promote_now",
+    "promotion_tick",
+    "reconcile",
+    "reject",
+    "rollback",
+    "run_promotion_tick",
+    "set_paused",
+    "version_detail",
+    "version_listing",
+]
 
 CANDIDATE, CANARY, PROMOTED = VersionStatus.CANDIDATE, VersionStatus.CANARY, VersionStatus.PROMOTED
 RETIRED, REJECTED = VersionStatus.RETIRED, VersionStatus.REJECTED
@@ -104,16 +126,19 @@ def policy_settings(settings: Settings, name: str) -> PolicySettings:
     return policy
 
 
-async def _load(policy: PolicySettings, version: AdapterVersion,
-                client: httpx.AsyncClient | None) -> list[loading.EndpointOutcome]:
+async def _load(
+    policy: PolicySettings, version: AdapterVersion, client: httpx.AsyncClient | None
+) -> list[loading.EndpointOutcome]:
     if (deleted := lifecycle.files_deleted(version)) is not None:
         raise deleted
-    return await loading.ensure_loaded(policy.endpoints, version.name, version.path,
-                                       api_key=resolve_secret(policy.api_key), client=client)
+    return await loading.ensure_loaded(
+        policy.endpoints, version.name, version.path, api_key=resolve_secret(policy.api_key), client=client
+    )
 
 
-def _precheck(version: AdapterVersion, to_status: VersionStatus,
-              from_statuses: tuple[VersionStatus, ...] | None = None) -> bool:
+def _precheck(
+    version: AdapterVersion, to_status: VersionStatus, from_statuses: tuple[VersionStatus, ...] | None = None
+) -> bool:
     """True when there is something to do; TransitionError when it is not allowed (before loading)."""
     if version.status == to_status:
         return False
@@ -128,6 +153,7 @@ def _unchanged(version: AdapterVersion) -> ActionResult:
 
 
 # ---------------------------------------------------------------- gates
+
 
 async def training_run_of(engine: AsyncEngine, version: AdapterVersion) -> TrainingRun | None:
     query = select(training_runs)
@@ -150,20 +176,31 @@ async def check_gates(engine: AsyncEngine, settings: Settings, version: AdapterV
     return report
 
 
-async def _require_gates(engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, force: bool,
-                         hint: str = "") -> GateReport:
+async def _require_gates(
+    engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, force: bool, hint: str = ""
+) -> GateReport:
     gates = await check_gates(engine, settings, version)
     if not gates.passed and not force:
         detail = "; ".join(gates.failures()) or "the training run has not finished"
-        raise TransitionError(f"adapter version {version.name} does not pass the gates: {detail}{hint}",
-                              current=version.status)
+        raise TransitionError(
+            f"adapter version {version.name} does not pass the gates: {detail}{hint}", current=version.status
+        )
     return gates
 
 
 # ---------------------------------------------------------------- admin actions
 
-async def _start_canary(engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, actor: str,
-                        reason: str | None, client: httpx.AsyncClient | None, force: bool = False) -> ActionResult:
+
+async def _start_canary(
+    engine: AsyncEngine,
+    settings: Settings,
+    version: AdapterVersion,
+    *,
+    actor: str,
+    reason: str | None,
+    client: httpx.AsyncClient | None,
+    force: bool = False,
+) -> ActionResult:
     if not _precheck(version, CANARY):
         return _unchanged(version)
     policy = policy_settings(settings, version.policy)
@@ -171,22 +208,41 @@ async def _start_canary(engine: AsyncEngine, settings: Settings, version: Adapte
     async with engine.connect() as connection:
         serving = await lifecycle.serving_versions(connection, version.policy)
     if serving.canary is not None:
-        raise TransitionError(f"policy {version.policy!r} already has a canary ({serving.canary.name}): "
-                              "promote or reject it first", current=version.status)
+        raise TransitionError(
+            f"policy {version.policy!r} already has a canary ({serving.canary.name}): promote or reject it first",
+            current=version.status,
+        )
     incumbent = serving.promoted
-    evaluation = {"incumbent_version_id": str(incumbent.id) if incumbent else None,
-                  "incumbent_name": incumbent.name if incumbent else None, "verdict": ev.INSUFFICIENT}
+    evaluation = {
+        "incumbent_version_id": str(incumbent.id) if incumbent else None,
+        "incumbent_name": incumbent.name if incumbent else None,
+        "verdict": ev.INSUFFICIENT,
+    }
 
     async def load(locked: AdapterVersion) -> list[loading.EndpointOutcome]:
         return await _load(policy, locked, client)
 
-    result = await lifecycle.start_canary(engine, version.id, actor=actor, share=policy.promotion.canary_share,
-                                          reason=reason, evaluation=evaluation, prepare=load)
+    result = await lifecycle.start_canary(
+        engine,
+        version.id,
+        actor=actor,
+        share=policy.promotion.canary_share,
+        reason=reason,
+        evaluation=evaluation,
+        prepare=load,
+    )
     return ActionResult(result, result.prepared or [], gates)
 
 
-async def _supersede_canary(engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, actor: str,
-                            reason: str, client: httpx.AsyncClient | None) -> ActionResult:
+async def _supersede_canary(
+    engine: AsyncEngine,
+    settings: Settings,
+    version: AdapterVersion,
+    *,
+    actor: str,
+    reason: str,
+    client: httpx.AsyncClient | None,
+) -> ActionResult:
     """Load a newer lineage version at every endpoint, then make it the canary in place of the
     current one (which goes back to candidate; it stays loaded until the reconciler's grace)."""
     policy = policy_settings(settings, version.policy)
@@ -198,49 +254,76 @@ async def _supersede_canary(engine: AsyncEngine, settings: Settings, version: Ad
     return ActionResult(result, result.prepared or [])
 
 
-async def _promote(engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, actor: str,
-                   reason: str | None, client: httpx.AsyncClient | None,
-                   from_statuses: tuple[VersionStatus, ...] | None = None, force: bool = False) -> ActionResult:
+async def _promote(
+    engine: AsyncEngine,
+    settings: Settings,
+    version: AdapterVersion,
+    *,
+    actor: str,
+    reason: str | None,
+    client: httpx.AsyncClient | None,
+    from_statuses: tuple[VersionStatus, ...] | None = None,
+    force: bool = False,
+) -> ActionResult:
     if not _precheck(version, PROMOTED, from_statuses):
         return _unchanged(version)
     policy = policy_settings(settings, version.policy)
     gates = None
     if version.status == CANDIDATE:
-        gates = await _require_gates(engine, settings, version, force=force,
-                                     hint=" (promote with force to override)")
+        gates = await _require_gates(engine, settings, version, force=force, hint=" (promote with force to override)")
 
     async def load(locked: AdapterVersion) -> list[loading.EndpointOutcome]:
         return await _load(policy, locked, client)
 
-    result = await lifecycle.promote(engine, version.id, actor=actor, reason=reason, from_statuses=from_statuses,
-                                     prepare=load)
+    result = await lifecycle.promote(
+        engine, version.id, actor=actor, reason=reason, from_statuses=from_statuses, prepare=load
+    )
     return ActionResult(result, result.prepared or [], gates)
 
 
-async def approve(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID, *, actor: str,
-                  reason: str | None = None, client: httpx.AsyncClient | None = None) -> ActionResult:
+async def approve(
+    engine: AsyncEngine,
+    settings: Settings,
+    ref: str | uuid.UUID,
+    *,
+    actor: str,
+    reason: str | None = None,
+    client: httpx.AsyncClient | None = None,
+) -> ActionResult:
     """The admin's yes: a candidate becomes the canary, a canary is promoted."""
     version = await lifecycle.find_version(engine, ref)
     if version.status == CANDIDATE:
         return await _start_canary(engine, settings, version, actor=actor, reason=reason or "approved", client=client)
     if version.status in (CANARY, PROMOTED):
-        return await _promote(engine, settings, version, actor=actor, reason=reason or "approved", client=client,
-                              from_statuses=(CANARY,))
-    raise TransitionError(f"adapter version {version.name} is {version.status}: only a candidate or a canary "
-                          "can be approved", current=version.status)
+        return await _promote(
+            engine, settings, version, actor=actor, reason=reason or "approved", client=client, from_statuses=(CANARY,)
+        )
+    raise TransitionError(
+        f"adapter version {version.name} is {version.status}: only a candidate or a canary can be approved",
+        current=version.status,
+    )
 
 
-async def promote_now(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID, *, actor: str,
-                      reason: str | None = None, force: bool = False,
-                      client: httpx.AsyncClient | None = None) -> ActionResult:
+async def promote_now(
+    engine: AsyncEngine,
+    settings: Settings,
+    ref: str | uuid.UUID,
+    *,
+    actor: str,
+    reason: str | None = None,
+    force: bool = False,
+    client: httpx.AsyncClient | None = None,
+) -> ActionResult:
     """Promote at once, skipping (or cutting short) the canary; a retired version: a rollback."""
     version = await lifecycle.find_version(engine, ref)
-    return await _promote(engine, settings, version, actor=actor, reason=reason or "promoted by an admin",
-                          client=client, force=force)
+    return await _promote(
+        engine, settings, version, actor=actor, reason=reason or "promoted by an admin", client=client, force=force
+    )
 
 
-async def reject(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID, *, actor: str,
-                 reason: str | None = None) -> ActionResult:
+async def reject(
+    engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID, *, actor: str, reason: str | None = None
+) -> ActionResult:
     """The admin's no. Rejecting the canary rejects its whole lineage (the versions it grew
     from and those trained on top of it), as an automatic loss does: the learner starts again
     from the promoted version. Any other version is rejected alone."""
@@ -257,22 +340,31 @@ async def reject(engine: AsyncEngine, settings: Settings, ref: str | uuid.UUID, 
     return ActionResult(await lifecycle.reject(engine, version.id, actor=actor, reason=reason))
 
 
-async def rollback(engine: AsyncEngine, settings: Settings, policy: str, ref: str | uuid.UUID, *, actor: str,
-                   reason: str | None = None, client: httpx.AsyncClient | None = None) -> ActionResult:
+async def rollback(
+    engine: AsyncEngine,
+    settings: Settings,
+    policy: str,
+    ref: str | uuid.UUID,
+    *,
+    actor: str,
+    reason: str | None = None,
+    client: httpx.AsyncClient | None = None,
+) -> ActionResult:
     """Promote a retired version of `policy` again; the promoted one is retired."""
     policy_settings(settings, policy)
     version = await lifecycle.find_version(engine, ref, policy=policy)
-    return await _promote(engine, settings, version, actor=actor, reason=reason or "rollback", client=client,
-                          from_statuses=(RETIRED,))
+    return await _promote(
+        engine, settings, version, actor=actor, reason=reason or "rollback", client=client, from_statuses=(RETIRED,)
+    )
 
 
-async def set_paused(engine: AsyncEngine, settings: Settings, policy: str, paused: bool, *,
-                     actor: str) -> PolicyState:
+async def set_paused(engine: AsyncEngine, settings: Settings, policy: str, paused: bool, *, actor: str) -> PolicyState:
     policy_settings(settings, policy)
     return await lifecycle.set_learning_paused(engine, policy, paused, actor=actor)
 
 
 # ---------------------------------------------------------------- evaluation
+
 
 @dataclass(frozen=True)
 class CanaryEvaluation:
@@ -288,13 +380,16 @@ class CanaryEvaluation:
         interval = document.get("interval") or {}
         if not interval:
             return f"n={document['canary']['n']}/{document['incumbent']['n']}"
-        return (f"mean difference {interval['difference']:+.4f}, {document['confidence']:.0%} interval "
-                f"[{interval['low']:+.4f}, {interval['high']:+.4f}] ({document['method']}, "
-                f"n={document['canary']['n']} vs {document['incumbent']['n']})")
+        return (
+            f"mean difference {interval['difference']:+.4f}, {document['confidence']:.0%} interval "
+            f"[{interval['low']:+.4f}, {interval['high']:+.4f}] ({document['method']}, "
+            f"n={document['canary']['n']} vs {document['incumbent']['n']})"
+        )
 
 
-async def evaluate_canary(engine: AsyncEngine, settings: Settings, version: AdapterVersion,
-                          now: datetime | None = None) -> CanaryEvaluation:
+async def evaluate_canary(
+    engine: AsyncEngine, settings: Settings, version: AdapterVersion, now: datetime | None = None
+) -> CanaryEvaluation:
     """Compare the canary's lineage, and the canary alone, with the promoted version.
 
     The lineage's arm runs from its first canary start (`lifecycle.lineage_started_at`), not
@@ -313,32 +408,59 @@ async def evaluate_canary(engine: AsyncEngine, settings: Settings, version: Adap
         versions = await lifecycle.versions_of(connection, version.policy, (CANDIDATE, CANARY, PROMOTED))
         incumbent = promoted_version(versions)
         lineage = lineage_versions(versions)
-        found = await ev.lineage_rewards(connection, version.policy, [v.id for v in lineage], version.id, newest_since,
-                                         incumbent.id if incumbent else None, since, reward_name)
-    options: dict[str, Any] = {"method": promotion.method, "confidence": promotion.confidence,
-                               "min_samples": promotion.min_samples, "reward_range": policy.reward_range}
+        found = await ev.lineage_rewards(
+            connection,
+            version.policy,
+            [v.id for v in lineage],
+            version.id,
+            newest_since,
+            incumbent.id if incumbent else None,
+            since,
+            reward_name,
+        )
+    options: dict[str, Any] = {
+        "method": promotion.method,
+        "confidence": promotion.confidence,
+        "min_samples": promotion.min_samples,
+        "reward_range": policy.reward_range,
+    }
     comparison = ev.compare(found.lineage, found.incumbent, **options)
     newest = ev.compare(found.newest, found.incumbent_since_newest, **options)
     elapsed = (now - since).total_seconds()
-    decision = ev.decide_lineage(comparison, newest, mode=promotion.mode, elapsed_s=elapsed,
-                                 timeout_s=promotion.timeout_s)
-    document = {**comparison.as_json(), "verdict": comparison.verdict, "decision": decision, "mode": promotion.mode,
-                "canary_since": since.isoformat(), "newest_since": newest_since.isoformat(),
-                "newest": {**newest.as_json(), "verdict": newest.verdict, "version": version.name},
-                "lineage": [v.name for v in lineage if v.id != version.id] + [version.name],
-                "elapsed_s": round(elapsed, 3), "timeout_s": promotion.timeout_s,
-                "timed_out": elapsed >= promotion.timeout_s,
-                "incumbent_version_id": str(incumbent.id) if incumbent else None,
-                "incumbent_name": incumbent.name if incumbent else None,
-                "reward_name": reward_name, "evaluated_at": now.isoformat()}
-    return CanaryEvaluation(decision, {k: (json_number(v) if isinstance(v, float) else v)
-                                       for k, v in document.items()})
+    decision = ev.decide_lineage(
+        comparison, newest, mode=promotion.mode, elapsed_s=elapsed, timeout_s=promotion.timeout_s
+    )
+    document = {
+        **comparison.as_json(),
+        "verdict": comparison.verdict,
+        "decision": decision,
+        "mode": promotion.mode,
+        "canary_since": since.isoformat(),
+        "newest_since": newest_since.isoformat(),
+        "newest": {**newest.as_json(), "verdict": newest.verdict, "version": version.name},
+        "lineage": [v.name for v in lineage if v.id != version.id] + [version.name],
+        "elapsed_s": round(elapsed, 3),
+        "timeout_s": promotion.timeout_s,
+        "timed_out": elapsed >= promotion.timeout_s,
+        "incumbent_version_id": str(incumbent.id) if incumbent else None,
+        "incumbent_name": incumbent.name if incumbent else None,
+        "reward_name": reward_name,
+        "evaluated_at": now.isoformat(),
+    }
+    return CanaryEvaluation(decision, {k: (json_number(v) if isinstance(v, float) else v) for k, v in document.items()})
 
 
 # ---------------------------------------------------------------- the periodic job
 
-async def promotion_tick(engine: AsyncEngine, settings: Settings, *, client: httpx.AsyncClient | None = None,
-                         now: datetime | None = None, policies: list[str] | None = None) -> TickReport:
+
+async def promotion_tick(
+    engine: AsyncEngine,
+    settings: Settings,
+    *,
+    client: httpx.AsyncClient | None = None,
+    now: datetime | None = None,
+    policies: list[str] | None = None,
+) -> TickReport:
     """One pass of the promotion job over every configured policy (or only `policies`).
 
     Call it periodically (the learner's scheduler does, every 30 s by default, and right
@@ -365,8 +487,14 @@ async def promotion_tick(engine: AsyncEngine, settings: Settings, *, client: htt
     return report
 
 
-async def _tick_policy_once(engine: AsyncEngine, settings: Settings, policy: PolicySettings, report: TickReport,
-                            client: httpx.AsyncClient, now: datetime) -> None:
+async def _tick_policy_once(
+    engine: AsyncEngine,
+    settings: Settings,
+    policy: PolicySettings,
+    report: TickReport,
+    client: httpx.AsyncClient,
+    now: datetime,
+) -> None:
     """`_PolicyPass` under the policy's advisory lock; skipped while another process holds it."""
     key = f"apprentice.promotion.{policy.name}"
     async with engine.connect() as lock_connection:
@@ -447,29 +575,49 @@ class _PolicyPass:
     async def _start_canary(self, newest: AdapterVersion) -> None:
         share = self.policy.promotion.canary_share
         try:
-            result = await _start_canary(self.engine, self.settings, newest, actor=AUTO, client=self.client,
-                                         reason=f"gates passed; canary at {share:.0%} of new trajectories")
+            result = await _start_canary(
+                self.engine,
+                self.settings,
+                newest,
+                actor=AUTO,
+                client=self.client,
+                reason=f"gates passed; canary at {share:.0%} of new trajectories",
+            )
         except loading.LoadError as exc:
             await self._load_failed(newest, exc)
             return
         except TransitionError as exc:  # an admin acted meanwhile
             self.report.add(self.policy.name, newest.name, "unchanged", str(exc))
             return
-        self.report.add(self.policy.name, newest.name, "canary" if result.transition.changed else "unchanged",
-                        ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints))
+        self.report.add(
+            self.policy.name,
+            newest.name,
+            "canary" if result.transition.changed else "unchanged",
+            ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints),
+        )
 
     async def _move_canary(self, canary: AdapterVersion, newest: AdapterVersion) -> None:
         try:
-            result = await _supersede_canary(self.engine, self.settings, newest, actor=AUTO, client=self.client,
-                                             reason=f"gates passed; the canary follows its lineage from {canary.name}")
+            result = await _supersede_canary(
+                self.engine,
+                self.settings,
+                newest,
+                actor=AUTO,
+                client=self.client,
+                reason=f"gates passed; the canary follows its lineage from {canary.name}",
+            )
         except loading.LoadError as exc:
             await self._load_failed(newest, exc)
             return
         except TransitionError as exc:  # an admin acted meanwhile
             self.report.add(self.policy.name, newest.name, "unchanged", str(exc))
             return
-        self.report.add(self.policy.name, newest.name, "canary" if result.transition.changed else "unchanged",
-                        f"superseded {canary.name}; " + ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints))
+        self.report.add(
+            self.policy.name,
+            newest.name,
+            "canary" if result.transition.changed else "unchanged",
+            f"superseded {canary.name}; " + ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints),
+        )
 
     async def _load_failed(self, version: AdapterVersion, exc: loading.LoadError) -> None:
         self.report.errors.append(f"{self.policy.name}: {exc}")
@@ -493,9 +641,11 @@ class _PolicyPass:
             await self._reject_lineage(f"lineage significantly worse: {summary}")
         elif evaluation.decision == ev.REJECT:  # the lineage is not, the newest version alone is worse
             newest = evaluation.document["newest"]["interval"]
-            await self._reject_lineage(f"newest version {canary.name} significantly worse: mean difference "
-                                       f"{newest['difference']:+.4f}, interval [{newest['low']:+.4f}, "
-                                       f"{newest['high']:+.4f}]")
+            await self._reject_lineage(
+                f"newest version {canary.name} significantly worse: mean difference "
+                f"{newest['difference']:+.4f}, interval [{newest['low']:+.4f}, "
+                f"{newest['high']:+.4f}]"
+            )
         elif evaluation.decision == ev.TIMEOUT:
             timeout = self.policy.promotion.timeout_s
             await self._reject_lineage(f"no significant difference within {timeout:g}s: {summary}")
@@ -509,19 +659,28 @@ class _PolicyPass:
 
     async def _promote(self, canary: AdapterVersion, reason: str, summary: str) -> None:
         try:
-            result = await _promote(self.engine, self.settings, canary, actor=AUTO, client=self.client,
-                                    from_statuses=(CANARY,), reason=reason)
+            result = await _promote(
+                self.engine,
+                self.settings,
+                canary,
+                actor=AUTO,
+                client=self.client,
+                from_statuses=(CANARY,),
+                reason=reason,
+            )
         except (loading.LoadError, TransitionError) as exc:
             self.report.errors.append(f"{self.policy.name}: {exc}")
             return
-        self.report.add(self.policy.name, canary.name, "promoted" if result.transition.changed else "unchanged",
-                        summary)
+        self.report.add(
+            self.policy.name, canary.name, "promoted" if result.transition.changed else "unchanged", summary
+        )
 
     # 4. retention
     async def apply_retention(self) -> None:
         promotion = self.policy.promotion
-        for item in await apply_retention(self.engine, self.policy.name, keep_last=promotion.keep_last,
-                                          grace_s=promotion.unload_grace_s, now=self.now):
+        for item in await apply_retention(
+            self.engine, self.policy.name, keep_last=promotion.keep_last, grace_s=promotion.unload_grace_s, now=self.now
+        ):
             self.report.add(self.policy.name, item.name, "files_" + item.result.split(":")[0], item.path)
 
     # bookkeeping
@@ -532,19 +691,28 @@ class _PolicyPass:
     async def _reject(self, version: AdapterVersion, from_status: VersionStatus, reason: str) -> None:
         """An automatic rejection; someone else moving the version first is reported, not raised."""
         try:
-            result = await lifecycle.reject(self.engine, version.id, actor=AUTO, from_statuses=(from_status,),
-                                            reason=reason)
+            result = await lifecycle.reject(
+                self.engine, version.id, actor=AUTO, from_statuses=(from_status,), reason=reason
+            )
         except TransitionError as exc:
             self.report.add(self.policy.name, version.name, "unchanged", str(exc))
             return
-        self.report.add(self.policy.name, version.name, "rejected" if result.changed else "unchanged",
-                        result.version.status.value)
+        self.report.add(
+            self.policy.name, version.name, "rejected" if result.changed else "unchanged", result.version.status.value
+        )
 
 
 # ---------------------------------------------------------------- 3. the reconciler
 
-async def reconcile(engine: AsyncEngine, policy: PolicySettings, *, report: TickReport | None = None,
-                    client: httpx.AsyncClient | None = None, now: datetime | None = None) -> TickReport:
+
+async def reconcile(
+    engine: AsyncEngine,
+    policy: PolicySettings,
+    *,
+    report: TickReport | None = None,
+    client: httpx.AsyncClient | None = None,
+    now: datetime | None = None,
+) -> TickReport:
     """Load serving versions where an endpoint lost them; unload the others (retired, rejected,
     superseded canaries) after the grace."""
     report = report or TickReport()
@@ -555,9 +723,14 @@ async def reconcile(engine: AsyncEngine, policy: PolicySettings, *, report: Tick
     async with engine.connect() as connection:
         # every status: a canary the lineage moved past is a candidate again, loaded until the grace ends
         versions = await lifecycle.versions_of(connection, policy.name, tuple(VersionStatus))
-        last = {row[0]: row[1] for row in await connection.execute(
-            select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
-            .where(adapter_transitions.c.policy == policy.name).group_by(adapter_transitions.c.adapter_version_id))}
+        last = {
+            row[0]: row[1]
+            for row in await connection.execute(
+                select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
+                .where(adapter_transitions.c.policy == policy.name)
+                .group_by(adapter_transitions.c.adapter_version_id)
+            )
+        }
     loaded = await loading.loaded_at(policy.endpoints, api_key=api_key, client=client)
     for endpoint, models in loaded.items():
         if isinstance(models, str):
@@ -566,8 +739,7 @@ async def reconcile(engine: AsyncEngine, policy: PolicySettings, *, report: Tick
         for version in versions:
             if version.status.serving and version.name not in models:
                 try:
-                    await loading.ensure_loaded([endpoint], version.name, version.path, api_key=api_key,
-                                                client=client)
+                    await loading.ensure_loaded([endpoint], version.name, version.path, api_key=api_key, client=client)
                     report.add(policy.name, version.name, "reloaded", f"{endpoint} had lost it")
                 except loading.LoadError as exc:
                     report.errors.append(f"{policy.name}: {exc}")
@@ -578,8 +750,15 @@ async def reconcile(engine: AsyncEngine, policy: PolicySettings, *, report: Tick
     return report
 
 
-async def _unload_unless_serving(engine: AsyncEngine, policy: PolicySettings, version: AdapterVersion, endpoint: str,
-                                 api_key: str | None, client: httpx.AsyncClient | None, report: TickReport) -> None:
+async def _unload_unless_serving(
+    engine: AsyncEngine,
+    policy: PolicySettings,
+    version: AdapterVersion,
+    endpoint: str,
+    api_key: str | None,
+    client: httpx.AsyncClient | None,
+    report: TickReport,
+) -> None:
     """Unload under the policy lock, after re-reading the status: a rollback that loads the same
     version waits for the lock and then finds it gone (and loads it again) instead of
     committing a promotion of an adapter this unload removes behind its back."""
@@ -596,6 +775,7 @@ async def _unload_unless_serving(engine: AsyncEngine, policy: PolicySettings, ve
 
 
 # ---------------------------------------------------------------- reads for the admin API
+
 
 @dataclass(frozen=True)
 class PolicySummary:
@@ -647,14 +827,23 @@ async def list_policies(engine: AsyncEngine, settings: Settings) -> list[PolicyS
         own = [version for version in versions if version.policy == policy.name]
         by_status = {version.status: version for version in own if version.status.serving}
         lineage = lineage_versions(own)
-        summaries.append(PolicySummary(policy, states.get(policy.name), by_status.get(PROMOTED),
-                                       by_status.get(CANARY), sum(1 for v in lineage if v.status == CANDIDATE),
-                                       lineage, lineage_head(own)))
+        summaries.append(
+            PolicySummary(
+                policy,
+                states.get(policy.name),
+                by_status.get(PROMOTED),
+                by_status.get(CANARY),
+                sum(1 for v in lineage if v.status == CANDIDATE),
+                lineage,
+                lineage_head(own),
+            )
+        )
     return summaries
 
 
-async def list_versions(engine: AsyncEngine, settings: Settings, policy: str,
-                        status: VersionStatus | None = None) -> list[AdapterVersion]:
+async def list_versions(
+    engine: AsyncEngine, settings: Settings, policy: str, status: VersionStatus | None = None
+) -> list[AdapterVersion]:
     """A configured policy's versions (only those in `status`, when given), newest first."""
     policy_settings(settings, policy)
     async with engine.connect() as connection:
@@ -662,8 +851,9 @@ async def list_versions(engine: AsyncEngine, settings: Settings, policy: str,
     return versions[::-1]
 
 
-async def version_listing(engine: AsyncEngine, settings: Settings, policy: str,
-                          status: VersionStatus | None = None) -> VersionListing:
+async def version_listing(
+    engine: AsyncEngine, settings: Settings, policy: str, status: VersionStatus | None = None
+) -> VersionListing:
     """`list_versions` with each version's parent, lineage membership, samples and samplers."""
     policy_settings(settings, policy)
     async with engine.connect() as connection:

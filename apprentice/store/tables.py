@@ -65,8 +65,12 @@ trajectories = Table(
     Column("trained_in_run_id", UUID(as_uuid=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_trajectories_policy_last_call", "policy", "last_call_at"),
-    Index("ix_trajectories_tenant_client_id", "tenant", "client_trajectory_id",
-          postgresql_where=text("client_trajectory_id IS NOT NULL")),
+    Index(
+        "ix_trajectories_tenant_client_id",
+        "tenant",
+        "client_trajectory_id",
+        postgresql_where=text("client_trajectory_id IS NOT NULL"),
+    ),
     Index("ix_trajectories_group", "group_id", postgresql_where=text("group_id IS NOT NULL")),
     Index("ix_trajectories_merged_into", "merged_into", postgresql_where=text("merged_into IS NOT NULL")),
 )
@@ -164,13 +168,29 @@ rewards = Table(
     Column("superseded_at", DateTime(timezone=True)),
     CheckConstraint("status IN ('pending', 'linked', 'rejected')", name="ck_rewards_status"),
     CheckConstraint("(status = 'pending') = (trajectory_id IS NULL)", name="ck_rewards_linked"),
-    Index("ix_rewards_current", "trajectory_id", "name",
-          postgresql_where=text("status = 'linked' AND superseded_at IS NULL")),
-    Index("ix_rewards_slot", "trajectory_id", "name", text("observed_at DESC"), text("seq DESC"),
-          postgresql_where=text("trajectory_id IS NOT NULL")),
+    Index(
+        "ix_rewards_current",
+        "trajectory_id",
+        "name",
+        postgresql_where=text("status = 'linked' AND superseded_at IS NULL"),
+    ),
+    Index(
+        "ix_rewards_slot",
+        "trajectory_id",
+        "name",
+        text("observed_at DESC"),
+        text("seq DESC"),
+        postgresql_where=text("trajectory_id IS NOT NULL"),
+    ),
     Index("ix_rewards_pending", "received_at", postgresql_where=text("status = 'pending'")),
-    Index("uq_rewards_idempotency", "tenant", "idempotency_key", "content_hash", unique=True,
-          postgresql_where=text("idempotency_key IS NOT NULL")),
+    Index(
+        "uq_rewards_idempotency",
+        "tenant",
+        "idempotency_key",
+        "content_hash",
+        unique=True,
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+    ),
 )
 
 # Signatures of accepted webhook deliveries, to refuse replays across gateway processes.

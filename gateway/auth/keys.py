@@ -55,9 +55,16 @@ async def create_key(engine: AsyncEngine, *, name: str, tenant: str, role: str =
     key = generate_key()
     info = KeyInfo(id=uuid.uuid4(), name=name, tenant=tenant, role=role)
     async with engine.begin() as connection:
-        await connection.execute(insert(api_keys).values(
-            id=info.id, name=name, tenant=tenant, role=role, key_hash=hash_key(key),
-            key_prefix=key[:DISPLAY_PREFIX_CHARS]))
+        await connection.execute(
+            insert(api_keys).values(
+                id=info.id,
+                name=name,
+                tenant=tenant,
+                role=role,
+                key_hash=hash_key(key),
+                key_prefix=key[:DISPLAY_PREFIX_CHARS],
+            )
+        )
     return info, key
 
 
@@ -69,15 +76,24 @@ async def revoke_key(engine: AsyncEngine, key_id_or_prefix: str) -> int:
         pass
     async with engine.begin() as connection:
         result = await connection.execute(
-            update(api_keys).where(condition, api_keys.c.revoked_at.is_(None)).values(revoked_at=func.now()))
+            update(api_keys).where(condition, api_keys.c.revoked_at.is_(None)).values(revoked_at=func.now())
+        )
     return result.rowcount
 
 
 async def list_keys(engine: AsyncEngine) -> list[dict[str, object]]:
     async with engine.connect() as connection:
-        rows = await connection.execute(select(
-            api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role, api_keys.c.key_prefix,
-            api_keys.c.created_at, api_keys.c.revoked_at).order_by(api_keys.c.created_at))
+        rows = await connection.execute(
+            select(
+                api_keys.c.id,
+                api_keys.c.name,
+                api_keys.c.tenant,
+                api_keys.c.role,
+                api_keys.c.key_prefix,
+                api_keys.c.created_at,
+                api_keys.c.revoked_at,
+            ).order_by(api_keys.c.created_at)
+        )
         return [dict(row._mapping) for row in rows]
 
 
@@ -105,9 +121,11 @@ class KeyCache:
         if self.engine is None:
             return
         async with self.engine.connect() as connection:
-            rows = await connection.execute(select(
-                api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role, api_keys.c.key_hash
-            ).where(api_keys.c.revoked_at.is_(None)))
+            rows = await connection.execute(
+                select(api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role, api_keys.c.key_hash).where(
+                    api_keys.c.revoked_at.is_(None)
+                )
+            )
             self._keys = {row.key_hash: KeyInfo(row.id, row.name, row.tenant, row.role) for row in rows}
         self._misses.clear()
 
@@ -134,7 +152,11 @@ class KeyCache:
         if self.engine is None:
             return None
         async with self.engine.connect() as connection:
-            row = (await connection.execute(select(
-                api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role
-            ).where(api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None)))).first()
+            row = (
+                await connection.execute(
+                    select(api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role).where(
+                        api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None)
+                    )
+                )
+            ).first()
         return KeyInfo(row.id, row.name, row.tenant, row.role) if row else None

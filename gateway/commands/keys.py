@@ -42,11 +42,14 @@ def keys_group() -> None:
 @click.option("--admin", is_flag=True, help="Also allow the admin API.")
 def create_command(config_path: str | None, name: str, tenant: str, admin: bool) -> None:
     """Create a key and print it once (only its hash is stored)."""
-    info, key = _run(config_path, lambda engine: keys.create_key(engine, name=name, tenant=tenant,
-                                                    role="admin" if admin else "client"))
+    info, key = _run(
+        config_path,
+        lambda engine: keys.create_key(engine, name=name, tenant=tenant, role="admin" if admin else "client"),
+    )
     click.echo(key)
-    click.echo(f"created {info.role} key {info.id} for tenant {info.tenant!r}; store it now, it is not shown again",
-               err=True)
+    click.echo(
+        f"created {info.role} key {info.id} for tenant {info.tenant!r}; store it now, it is not shown again", err=True
+    )
 
 
 @keys_group.command("list")
@@ -55,8 +58,9 @@ def list_command(config_path: str | None) -> None:
     """List keys (prefixes only)."""
     for row in _run(config_path, keys.list_keys):
         state = f"revoked {row['revoked_at']:%Y-%m-%d}" if row["revoked_at"] else "active"
-        click.echo(f"{row['id']}  {row['key_prefix']}...  {row['role']:6}  tenant={row['tenant']}  "
-                   f"name={row['name']}  {state}")
+        click.echo(
+            f"{row['id']}  {row['key_prefix']}...  {row['role']:6}  tenant={row['tenant']}  name={row['name']}  {state}"
+        )
 
 
 @keys_group.command("revoke")

@@ -56,8 +56,14 @@ def app_from_environment():  # noqa: ANN201 - uvicorn factory for worker process
     return create_app(settings, os.environ["APPRENTICE_DATABASE_URL"], check_schema_on_start=False)
 
 
-def serve(settings: Settings, *, host: str | None = None, port: int | None = None, workers: int | None = None,
-          allow_open_remote: bool = False) -> None:
+def serve(
+    settings: Settings,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    workers: int | None = None,
+    allow_open_remote: bool = False,
+) -> None:
     """Check the set-up, then run uvicorn until SIGINT/SIGTERM (graceful: in-flight calls finish)."""
     host = host or settings.host
     port = port or settings.port
@@ -65,10 +71,12 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     if settings.auth.mode == "open" and not is_loopback(host) and not allow_open_remote:
         raise click.ClickException(
             f"auth.mode is 'open' (no API keys) and the gateway would listen on {host}: open mode is for "
-            "local use only. Listen on 127.0.0.1, or use auth.mode: keys (see `apprentice keys create`).")
+            "local use only. Listen on 127.0.0.1, or use auth.mode: keys (see `apprentice keys create`)."
+        )
     if settings.auth.mode == "keys" and settings.auth.admin_key is None:
-        click.echo("note: no auth.admin_key configured; admin keys can be made with "
-                   "`apprentice keys create --admin`", err=True)
+        click.echo(
+            "note: no auth.admin_key configured; admin keys can be made with `apprentice keys create --admin`", err=True
+        )
     url = database_url(settings)
     try:
         check_schema(url)
@@ -84,9 +92,19 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, _exit_normally)
 
-    options = UvicornOptions(host=host, port=port, loop="uvloop", http="httptools", access_log=False,
-                             log_level=settings.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                             lifespan="on", server_header=False, date_header=False, proxy_headers=False)
+    options = UvicornOptions(
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        lifespan="on",
+        server_header=False,
+        date_header=False,
+        proxy_headers=False,
+    )
     click.echo(f"Apprentice gateway on http://{host}:{port}/v1 ({workers} worker(s))", err=True)
     if workers > 1:
         # Workers rebuild the settings from the config file and environment exported by load().
@@ -107,8 +125,9 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
 @click.option("--port", type=int, default=None, help="Listen port (default from config: 8000).")
 @click.option("--workers", type=int, default=None, help="Worker processes (default from config: 1).")
 @click.option("--allow-open-remote", is_flag=True, help="Allow auth.mode 'open' on a non-loopback address.")
-def gateway_command(config_path: str | None, host: str | None, port: int | None, workers: int | None,
-                    allow_open_remote: bool) -> None:
+def gateway_command(
+    config_path: str | None, host: str | None, port: int | None, workers: int | None, allow_open_remote: bool
+) -> None:
     """Run the OpenAI-compatible gateway."""
     settings = load(config_path)
     setup_logging(settings.log_level)

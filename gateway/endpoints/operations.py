@@ -30,9 +30,15 @@ async def list_models(request: Request) -> Response:
     except GatewayError as error:
         return Response(error.body(), status_code=error.status, media_type="application/json")
     policies = {policy.name for policy in state.settings.policies}
-    data = [{"id": name, "object": "model", "created": 0,
-             "owned_by": "apprentice-policy" if name in policies else "apprentice"}
-            for name in state.router.model_names]
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "apprentice-policy" if name in policies else "apprentice",
+        }
+        for name in state.router.model_names
+    ]
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -65,16 +71,20 @@ async def readyz(request: Request) -> Response:
         checks["store"] = {"ok": False, "error": f"{type(exc).__name__}"}
     backlog = state.shipper.backlog_bytes()
     metrics.JOURNAL_BACKLOG.set(backlog)
-    checks["journal"] = {"ok": backlog < READY_BACKLOG_LIMIT_BYTES, "backlog_bytes": backlog,
-                         "shipped_rows": state.shipper.stats.shipped_rows,
-                         "last_error": state.shipper.stats.last_error}
+    checks["journal"] = {
+        "ok": backlog < READY_BACKLOG_LIMIT_BYTES,
+        "backlog_bytes": backlog,
+        "shipped_rows": state.shipper.stats.shipped_rows,
+        "last_error": state.shipper.stats.last_error,
+    }
     ready = ready and backlog < READY_BACKLOG_LIMIT_BYTES
     now = time.time()
     checks["workers"] = {worker.name: worker.health.report(now) for worker in state.workers}
     failing = [worker.name for worker in state.workers if worker.health.failing]
     status = "not ready" if not ready else "degraded" if failing else "ready"
-    return JSONResponse({"status": status, "checks": checks, "failing_workers": failing},
-                        status_code=200 if ready else 503)
+    return JSONResponse(
+        {"status": status, "checks": checks, "failing_workers": failing}, status_code=200 if ready else 503
+    )
 
 
 @router.get("/metrics", tags=["operations"])

@@ -14,8 +14,11 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
-SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-               (b"x-accel-buffering", b"no")]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 def header(scope: Mapping[str, Any], name: bytes) -> str | None:
@@ -30,8 +33,9 @@ async def read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
     """The whole request body, refusing more than `limit` bytes without reading it all."""
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"request body is {declared} bytes; the limit is {limit} bytes",
-                           code="request_too_large")
+        raise GatewayError(
+            413, f"request body is {declared} bytes; the limit is {limit} bytes", code="request_too_large"
+        )
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -47,8 +51,9 @@ async def read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def send_response(send: Send, status: int, body: bytes,
-                        headers: Iterable[tuple[bytes, bytes]] = JSON_HEADERS) -> None:
+async def send_response(
+    send: Send, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = JSON_HEADERS
+) -> None:
     all_headers = list(headers)
     all_headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": all_headers})

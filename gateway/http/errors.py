@@ -29,8 +29,15 @@ ERROR_TYPES = {
 class GatewayError(Exception):
     """An error the gateway answers itself, with an HTTP status and OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 error_type: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        error_type: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -56,8 +63,9 @@ class UpstreamStatusError(GatewayError):
         return self._body
 
 
-def error_body(message: str, error_type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> bytes:
+def error_body(
+    message: str, error_type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": error_type, "param": param, "code": code}})
 
 

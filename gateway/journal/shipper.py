@@ -77,16 +77,16 @@ class _LockedSegment:
 
 
 class JournalShipper:
-    def __init__(self, writer: JournalWriter, ship: ShipFunction, *, batch_rows: int,
-                 interval_s: float) -> None:
+    def __init__(self, writer: JournalWriter, ship: ShipFunction, *, batch_rows: int, interval_s: float) -> None:
         self.writer = writer
         self.directory = writer.directory
         self.ship = ship
         self.batch_rows = batch_rows
         self.interval_s = interval_s
         self.stats = ShipperStats()
-        self.worker = PeriodicWorker("journal-shipper", self._ship_pass, interval_s=interval_s,
-                                     stop_timeout_s=STOP_TIMEOUT_S)
+        self.worker = PeriodicWorker(
+            "journal-shipper", self._ship_pass, interval_s=interval_s, stop_timeout_s=STOP_TIMEOUT_S
+        )
         self._unshipped = 0
         self._foreign: list[Path] = []
         self._last_scan = float("-inf")
@@ -250,9 +250,13 @@ class JournalShipper:
             handle.seek(offset)
             torn = handle.read()
         if torn.strip():
-            log.error("journal segment %s ends with an incomplete record (%d bytes) written by a "
-                      "process that died mid-write; it is kept as %s.torn", locked.path.name, len(torn),
-                      locked.path.name)
+            log.error(
+                "journal segment %s ends with an incomplete record (%d bytes) written by a "
+                "process that died mid-write; it is kept as %s.torn",
+                locked.path.name,
+                len(torn),
+                locked.path.name,
+            )
             locked.path.rename(locked.path.with_name(locked.path.name + ".torn"))
         else:
             locked.path.unlink(missing_ok=True)

@@ -39,8 +39,14 @@ KEEPALIVE_COUNT = 3
 class AdapterNotifications:
     """LISTEN on NOTIFY_CHANNEL and call `on_notify` for every transition (and every reconnect)."""
 
-    def __init__(self, database_url: str, on_notify: Callable[[], None], *, channel: str = NOTIFY_CHANNEL,
-                 wait_s: float = LISTEN_STEP_S) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        on_notify: Callable[[], None],
+        *,
+        channel: str = NOTIFY_CHANNEL,
+        wait_s: float = LISTEN_STEP_S,
+    ) -> None:
         self.conninfo = libpq_url(database_url)
         self.on_notify = on_notify
         self.channel = channel
@@ -48,8 +54,9 @@ class AdapterNotifications:
         self.received = 0
         self._connection: psycopg.AsyncConnection[TupleRow] | None = None
         # The step is a wait on a socket: cancelling it at stop is safe, so stop does not wait.
-        self.worker = PeriodicWorker("adapter-notify-listener", self.listen_once, interval_s=0.0,
-                                     stop_timeout_s=0.0, first_step_at_once=True)
+        self.worker = PeriodicWorker(
+            "adapter-notify-listener", self.listen_once, interval_s=0.0, stop_timeout_s=0.0, first_step_at_once=True
+        )
 
     def start(self) -> None:
         self.worker.start()
@@ -75,9 +82,14 @@ class AdapterNotifications:
 
     async def _connect(self) -> None:
         connection = await psycopg.AsyncConnection.connect(
-            self.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, keepalives=1,
-            keepalives_idle=KEEPALIVE_IDLE_S, keepalives_interval=KEEPALIVE_INTERVAL_S,
-            keepalives_count=KEEPALIVE_COUNT)
+            self.conninfo,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            keepalives=1,
+            keepalives_idle=KEEPALIVE_IDLE_S,
+            keepalives_interval=KEEPALIVE_INTERVAL_S,
+            keepalives_count=KEEPALIVE_COUNT,
+        )
         self._connection = connection  # closed by listen_once if LISTEN fails
         await connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
         self.on_notify()  # whatever was announced while we were not listening

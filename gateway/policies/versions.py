@@ -94,8 +94,9 @@ def bucket(key: bytes) -> float:
 
 
 class PolicyVersions:
-    def __init__(self, engine: AsyncEngine, *, poll_interval_s: float,
-                 sticky_grace_s: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, poll_interval_s: float, sticky_grace_s: Mapping[str, float] | None = None
+    ) -> None:
         self.engine = engine
         self.poll_interval_s = poll_interval_s
         # policy -> how long a run stays on a version after it stopped serving (0: not at all)
@@ -121,9 +122,14 @@ class PolicyVersions:
     async def refresh(self) -> None:
         async with self.engine.connect() as connection:
             rows = await connection.execute(
-                select(adapter_versions.c.policy, adapter_versions.c.id, adapter_versions.c.name,
-                       adapter_versions.c.status, adapter_versions.c.canary_share)
-                .where(adapter_versions.c.status.in_(SERVING_STATUSES)))
+                select(
+                    adapter_versions.c.policy,
+                    adapter_versions.c.id,
+                    adapter_versions.c.name,
+                    adapter_versions.c.status,
+                    adapter_versions.c.canary_share,
+                ).where(adapter_versions.c.status.in_(SERVING_STATUSES))
+            )
             serving: dict[str, dict[str, object]] = {}
             for row in rows:
                 entry = serving.setdefault(row.policy, {})
@@ -138,8 +144,7 @@ class PolicyVersions:
         self._serving = fresh
         self.loaded.set()
 
-    def _remember_stopped(self, before: dict[str, PolicyServing], after: dict[str, PolicyServing],
-                          now: float) -> None:
+    def _remember_stopped(self, before: dict[str, PolicyServing], after: dict[str, PolicyServing], now: float) -> None:
         """Note the versions that served before and do not now; forget those past their grace
         and those that serve again."""
         serving_now = {v.id for entry in after.values() for v in (entry.promoted, entry.canary) if v is not None}
@@ -147,15 +152,18 @@ class PolicyVersions:
             for version in (entry.promoted, entry.canary):
                 if version is not None and version.id not in serving_now and version.id not in self._stopped:
                     self._stopped[version.id] = StoppedVersion(policy, version, now)
-        self._stopped = {version_id: stopped for version_id, stopped in self._stopped.items()
-                         if version_id not in serving_now
-                         and now - stopped.stopped_at < self.sticky_grace_s.get(stopped.policy, 0.0)}
+        self._stopped = {
+            version_id: stopped
+            for version_id, stopped in self._stopped.items()
+            if version_id not in serving_now and now - stopped.stopped_at < self.sticky_grace_s.get(stopped.policy, 0.0)
+        }
 
     def serving(self, policy: str) -> PolicyServing:
         return self._serving.get(policy) or PolicyServing()
 
-    def choose(self, policy: str, split_key: bytes, sticky_version: uuid.UUID | None,
-               sticky_known: bool) -> ServingVersion | None:
+    def choose(
+        self, policy: str, split_key: bytes, sticky_version: uuid.UUID | None, sticky_known: bool
+    ) -> ServingVersion | None:
         """The version for a call; None means the base model."""
         serving = self.serving(policy)
         if sticky_known and serving.is_serving(sticky_version):

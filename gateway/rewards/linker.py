@@ -36,8 +36,9 @@ class RewardLinker:
         self.rules = RewardRules(settings)
         self._last_overdue = 0.0
         self.linked = 0
-        self.worker = PeriodicWorker("reward-linker", self._link_pass, interval_s=PERIOD_S, wake_delay_s=GATHER_S,
-                                     stop_timeout_s=STOP_TIMEOUT_S)
+        self.worker = PeriodicWorker(
+            "reward-linker", self._link_pass, interval_s=PERIOD_S, wake_delay_s=GATHER_S, stop_timeout_s=STOP_TIMEOUT_S
+        )
 
     def wake(self) -> None:
         self.worker.wake()
@@ -55,8 +56,9 @@ class RewardLinker:
     async def run_once(self) -> int:
         now = time.monotonic()
         overdue = now - self._last_overdue > OVERDUE_PERIOD_S
-        linked = await link_pending_rewards(self.engine, self._check, window_s=self.settings.pending_window_s,
-                                            include_overdue=overdue, limit=LINK_PAGE)
+        linked = await link_pending_rewards(
+            self.engine, self._check, window_s=self.settings.pending_window_s, include_overdue=overdue, limit=LINK_PAGE
+        )
         if overdue:
             self._last_overdue = now
             await forget_old_signatures(self.engine, 2 * self.settings.tolerance_s)

@@ -28,15 +28,22 @@ class RewardRules:
         if policy.reward_range is not None:
             low, high = policy.reward_range
             if not low <= value <= high:
-                return Problem("reward", f"{value!r} is outside the reward_range [{low:g}, {high:g}] "
-                                         f"of policy {policy.name!r}")
+                return Problem(
+                    "reward", f"{value!r} is outside the reward_range [{low:g}, {high:g}] of policy {policy.name!r}"
+                )
         if policy.metrics is not None:
             allowed = set(policy.metrics)
             if name != DEFAULT_REWARD_NAME and name not in allowed:
-                return Problem("name", f"{name!r} is not a metric of policy {policy.name!r} "
-                                       f"(declared: {', '.join(sorted(allowed)) or 'none'})")
+                return Problem(
+                    "name",
+                    f"{name!r} is not a metric of policy {policy.name!r} "
+                    f"(declared: {', '.join(sorted(allowed)) or 'none'})",
+                )
             for metric in metrics:
                 if metric not in allowed:
-                    return Problem(f"metrics.{metric}", f"unknown metric {metric!r} for policy {policy.name!r} "
-                                                        f"(declared: {', '.join(sorted(allowed)) or 'none'})")
+                    return Problem(
+                        f"metrics.{metric}",
+                        f"unknown metric {metric!r} for policy {policy.name!r} "
+                        f"(declared: {', '.join(sorted(allowed)) or 'none'})",
+                    )
         return None

@@ -75,15 +75,18 @@ class SignatureVerifier:
             try:
                 resolved = resolve_secret(entry.secret)
             except ConfigError as exc:
-                raise GatewayError(500, f"webhook secret {entry.name!r} is not usable: {exc}",
-                                   code="webhook_secret_unavailable") from None
+                raise GatewayError(
+                    500, f"webhook secret {entry.name!r} is not usable: {exc}", code="webhook_secret_unavailable"
+                ) from None
             if resolved:
                 self._secrets.append((resolved.encode(), entry))
 
     def verify(self, header_value: str, body: bytes, now: float | None = None) -> VerifiedSignature:
         if not self._secrets:
-            raise _invalid("signed webhooks are not configured on this gateway (rewards.webhook_secrets)",
-                           code="webhooks_not_configured")
+            raise _invalid(
+                "signed webhooks are not configured on this gateway (rewards.webhook_secrets)",
+                code="webhooks_not_configured",
+            )
         timestamp, candidates = parse_header(header_value)
         signed = str(timestamp).encode() + b"." + body
         for secret, entry in self._secrets:
@@ -91,7 +94,10 @@ class SignatureVerifier:
             if any(hmac.compare_digest(expected, candidate) for candidate in candidates):
                 now = time.time() if now is None else now
                 if abs(now - timestamp) > self.tolerance_s:
-                    raise _invalid(f"the signature's timestamp is more than {self.tolerance_s:g} s from the "
-                                   "gateway's clock: re-sign the request when sending it", code="signature_expired")
+                    raise _invalid(
+                        f"the signature's timestamp is more than {self.tolerance_s:g} s from the "
+                        "gateway's clock: re-sign the request when sending it",
+                        code="signature_expired",
+                    )
                 return VerifiedSignature(entry.tenant, entry.name, bytes.fromhex(expected), float(timestamp))
         raise _invalid("no signature in the header matches a configured secret for this body")

@@ -141,7 +141,8 @@ async def stitch_pending(engine: AsyncEngine, open_window_s: float) -> int:
                     if not pairs:
                         break
                     await cursor.execute(
-                        "CREATE TEMP TABLE IF NOT EXISTS merges (child uuid, parent uuid) ON COMMIT DROP")
+                        "CREATE TEMP TABLE IF NOT EXISTS merges (child uuid, parent uuid) ON COMMIT DROP"
+                    )
                     await cursor.execute("TRUNCATE merges")
                     # A parent that is itself being merged this round waits for the next round.
                     children = {child for child, _ in pairs}

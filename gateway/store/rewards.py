@@ -44,23 +44,28 @@ FROM rewards r
 JOIN unnest(%(tenants)s::text[], %(keys)s::text[]) AS q(tenant, k) ON r.tenant = q.tenant AND r.idempotency_key = q.k
 """
 
-_CALL_UUID = ("CASE WHEN {col} ~* '^[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}$' "
-              "THEN {col}::uuid END")
+_CALL_UUID = (
+    "CASE WHEN {col} ~* '^[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}$' THEN {col}::uuid END"
+)
 
 # The trajectory a target names, if stored: a call by its uuid or response id (newest when
 # several calls of the tenant share one), then the root of a merged trajectory.
-_RESOLVE = """
+_RESOLVE = (
+    """
 SELECT i.ord, rt.id AS trajectory_id, rt.policy
 FROM jsonb_to_recordset(%(items)s::jsonb) AS i(ord int, tenant text, target_trajectory_id uuid, target_call text)
 CROSS JOIN LATERAL (SELECT coalesce(
     i.target_trajectory_id,
     (SELECT c.trajectory_id FROM calls c
-     WHERE c.id = """ + _CALL_UUID.format(col="i.target_call") + """ AND c.tenant = i.tenant),
+     WHERE c.id = """
+    + _CALL_UUID.format(col="i.target_call")
+    + """ AND c.tenant = i.tenant),
     (SELECT c.trajectory_id FROM calls c WHERE c.response_id = i.target_call AND c.tenant = i.tenant
      ORDER BY c.created_at DESC LIMIT 1)) AS tid) x
 LEFT JOIN trajectories t ON t.id = x.tid AND t.tenant = i.tenant
 LEFT JOIN trajectories rt ON rt.id = coalesce(t.merged_into, t.id)
 """
+)
 
 _INSERT = """
 INSERT INTO rewards (id, tenant, target_kind, target, target_trajectory_id, target_call, trajectory_id, status,
@@ -90,7 +95,8 @@ _K_LATEST = """({r}.idempotency_key IS NULL OR NOT EXISTS (
 # the keys' rows; each slot's winner is found by walking ix_rewards_slot from the newest row
 # (history never has to be scanned), and only current rows, winners and the keys' rows are
 # candidates for a change.
-_RECOMPUTE = """
+_RECOMPUTE = (
+    """
 WITH kg AS (
     SELECT r.id, r.trajectory_id, r.name FROM rewards r JOIN ({keys}) AS q(tenant, k)
     ON r.tenant = q.tenant AND r.idempotency_key = q.k
@@ -105,7 +111,9 @@ WITH kg AS (
     CROSS JOIN LATERAL (
         SELECT r.id FROM rewards r
         WHERE r.trajectory_id = s.trajectory_id AND r.name = s.name AND r.status = 'linked'
-          AND """ + _K_LATEST.format(r="r") + """
+          AND """
+    + _K_LATEST.format(r="r")
+    + """
         ORDER BY r.observed_at DESC, r.seq DESC LIMIT 1) w
 ), cand AS (
     SELECT r.id FROM rewards r JOIN slots s ON r.trajectory_id = s.trajectory_id AND r.name = s.name
@@ -114,16 +122,20 @@ WITH kg AS (
     UNION SELECT id FROM kg
 ), decided AS (
     SELECT c.id, c.superseded_at,
-           (c.id IN (SELECT id FROM win) OR (c.status = 'pending' AND """ + _K_LATEST.format(r="c") + """)) AS keep
+           (c.id IN (SELECT id FROM win) OR (c.status = 'pending' AND """
+    + _K_LATEST.format(r="c")
+    + """)) AS keep
     FROM rewards c JOIN cand USING (id)
 )
 UPDATE rewards u SET superseded_at = CASE WHEN d.keep THEN NULL ELSE now() END
 FROM decided d WHERE u.id = d.id AND d.keep = (d.superseded_at IS NOT NULL)
 """
+)
 
 _RECOMPUTE_GIVEN = _RECOMPUTE.format(
     keys="SELECT * FROM unnest(%(tenants)s::text[], %(keys)s::text[])",
-    trajectories="SELECT unnest(%(trajectories)s::uuid[])")
+    trajectories="SELECT unnest(%(trajectories)s::uuid[])",
+)
 
 # A trajectory's group: the group_id of its latest linked reward that names one.
 _GROUPS = """
@@ -140,18 +152,20 @@ _GROUPS_GIVEN = _GROUPS.format(trajectories="SELECT unnest(%(trajectories)s::uui
 # table merges(child, parent): a merged trajectory's rewards follow it into the parent.
 MERGE_STATEMENTS = [
     "UPDATE rewards r SET trajectory_id = m.parent FROM merges m WHERE r.trajectory_id = m.child",
-    _RECOMPUTE.format(keys="SELECT NULL::text, NULL::text WHERE false",
-                      trajectories="SELECT parent FROM merges"),
+    _RECOMPUTE.format(keys="SELECT NULL::text, NULL::text WHERE false", trajectories="SELECT parent FROM merges"),
     _GROUPS.format(trajectories="SELECT parent FROM merges"),
 ]
 
-_PENDING_CANDIDATES = """
+_PENDING_CANDIDATES = (
+    """
 SELECT r.id, r.tenant, r.idempotency_key, rt.id AS root, rt.policy, r.name, r.value, r.metrics
 FROM rewards r
 CROSS JOIN LATERAL (SELECT coalesce(
     r.target_trajectory_id,
     (SELECT c.trajectory_id FROM calls c
-     WHERE c.id = """ + _CALL_UUID.format(col="r.target_call") + """ AND c.tenant = r.tenant),
+     WHERE c.id = """
+    + _CALL_UUID.format(col="r.target_call")
+    + """ AND c.tenant = r.tenant),
     (SELECT c.trajectory_id FROM calls c WHERE c.response_id = r.target_call AND c.tenant = r.tenant
      ORDER BY c.created_at DESC LIMIT 1)) AS tid) x
 JOIN trajectories t ON t.id = x.tid AND t.tenant = r.tenant
@@ -160,6 +174,7 @@ WHERE r.status = 'pending' AND (%(all)s OR r.received_at > now() - make_interval
 ORDER BY r.received_at
 LIMIT %(limit)s
 """
+)
 
 _LINK = """
 UPDATE rewards r SET trajectory_id = c.root, status = c.status, reject_reason = c.reason, linked_at = now()
@@ -276,15 +291,22 @@ def lock_key(kind: bytes, *parts: str | uuid.UUID) -> int:
 
 def content_hash(reward: NewReward) -> str:
     """What makes two rewards under one idempotency key the same reward (stored: never change the form)."""
-    form = [reward.target_kind, reward.target, reward.name, reward.value, sorted(reward.metrics.items()),
-            reward.comment, reward.group_id, reward.observed_at]
+    form = [
+        reward.target_kind,
+        reward.target,
+        reward.name,
+        reward.value,
+        sorted(reward.metrics.items()),
+        reward.comment,
+        reward.group_id,
+        reward.observed_at,
+    ]
     return hashlib.sha256(orjson.dumps(form)).hexdigest()
 
 
 async def _lock(cursor: psycopg.AsyncCursor[Any], keys: set[int]) -> None:
     if keys:
-        await cursor.execute("SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) AS k",
-                             (sorted(keys),))
+        await cursor.execute("SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) AS k", (sorted(keys),))
 
 
 async def _retrying(engine: AsyncEngine, work: Callable[[psycopg.AsyncCursor[dict[str, Any]]], Awaitable[T]]) -> T:
@@ -304,8 +326,9 @@ async def _retrying(engine: AsyncEngine, work: Callable[[psycopg.AsyncCursor[dic
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-async def ingest_rewards(engine: AsyncEngine, rewards: Sequence[NewReward], *, check: Checker,
-                         signature: SignatureUse | None = None) -> tuple[list[StoredReward], bool]:
+async def ingest_rewards(
+    engine: AsyncEngine, rewards: Sequence[NewReward], *, check: Checker, signature: SignatureUse | None = None
+) -> tuple[list[StoredReward], bool]:
     """Store a batch of rewards in one transaction: all or nothing.
 
     Returns the stored rewards in batch order, and whether every one of them was stored before
@@ -332,13 +355,17 @@ async def _use_signature(cursor: psycopg.AsyncCursor[dict[str, Any]], signature:
     """Record a webhook signature, in the rewards' transaction: a failed delivery can be retried."""
     await cursor.execute(
         "INSERT INTO reward_signatures (signature, tenant, signed_at) VALUES (%s, %s, to_timestamp(%s)) "
-        "ON CONFLICT DO NOTHING RETURNING 1", signature)
+        "ON CONFLICT DO NOTHING RETURNING 1",
+        signature,
+    )
     if await cursor.fetchone() is None:
         raise ReplayedSignature()
 
 
-async def _stored_under_keys(cursor: psycopg.AsyncCursor[dict[str, Any]], keyed: list[tuple[str, str]],
-                             ) -> tuple[dict[tuple[str, str, str], uuid.UUID], set[uuid.UUID]]:
+async def _stored_under_keys(
+    cursor: psycopg.AsyncCursor[dict[str, Any]],
+    keyed: list[tuple[str, str]],
+) -> tuple[dict[tuple[str, str, str], uuid.UUID], set[uuid.UUID]]:
     """The rewards already stored under these (tenant, idempotency key)s, by (tenant, key, content hash),
     and the trajectories they are linked to."""
     existing: dict[tuple[str, str, str], uuid.UUID] = {}
@@ -352,8 +379,9 @@ async def _stored_under_keys(cursor: psycopg.AsyncCursor[dict[str, Any]], keyed:
     return existing, trajectories
 
 
-def _known_and_fresh(rewards: Sequence[NewReward], hashes: list[str],
-                     existing: dict[tuple[str, str, str], uuid.UUID]) -> tuple[dict[int, uuid.UUID], list[int]]:
+def _known_and_fresh(
+    rewards: Sequence[NewReward], hashes: list[str], existing: dict[tuple[str, str, str], uuid.UUID]
+) -> tuple[dict[int, uuid.UUID], list[int]]:
     """The id that answers each position, and the positions to insert: a key repeated with the same
     content (stored before, or earlier in this batch) is stored once."""
     answer_ids: dict[int, uuid.UUID] = {}
@@ -371,14 +399,32 @@ def _known_and_fresh(rewards: Sequence[NewReward], hashes: list[str],
     return answer_ids, fresh
 
 
-async def _insert(cursor: psycopg.AsyncCursor[dict[str, Any]], rewards: Sequence[NewReward], hashes: list[str],
-                  fresh: list[int], key_trajectories: set[uuid.UUID], check: Checker) -> None:
+async def _insert(
+    cursor: psycopg.AsyncCursor[dict[str, Any]],
+    rewards: Sequence[NewReward],
+    hashes: list[str],
+    fresh: list[int],
+    key_trajectories: set[uuid.UUID],
+    check: Checker,
+) -> None:
     """Resolve the fresh rewards' trajectories, let `check` refuse the batch, insert, and bring the
     current rewards and groups of every trajectory they touch up to date."""
-    await cursor.execute(_RESOLVE, {"items": orjson.dumps([
-        {"ord": position, "tenant": rewards[position].tenant,
-         "target_trajectory_id": rewards[position].target_trajectory_id,
-         "target_call": rewards[position].target_call} for position in fresh]).decode()})
+    await cursor.execute(
+        _RESOLVE,
+        {
+            "items": orjson.dumps(
+                [
+                    {
+                        "ord": position,
+                        "tenant": rewards[position].tenant,
+                        "target_trajectory_id": rewards[position].target_trajectory_id,
+                        "target_call": rewards[position].target_call,
+                    }
+                    for position in fresh
+                ]
+            ).decode()
+        },
+    )
     resolved: dict[int, uuid.UUID | None] = {}
     policies: list[tuple[int, str | None]] = []
     for row in await cursor.fetchall():
@@ -391,30 +437,48 @@ async def _insert(cursor: psycopg.AsyncCursor[dict[str, Any]], rewards: Sequence
     rows = [_insert_row(position, rewards[position], hashes[position], resolved[position]) for position in fresh]
     await cursor.execute(_INSERT, {"rows": orjson.dumps(rows).decode()})
     new_keys = sorted({(rewards[p].tenant, rewards[p].idempotency_key) for p in fresh if rewards[p].idempotency_key})
-    await cursor.execute(_RECOMPUTE_GIVEN, {"trajectories": list(trajectories),
-                                            "tenants": [t for t, _ in new_keys], "keys": [k for _, k in new_keys]})
+    await cursor.execute(
+        _RECOMPUTE_GIVEN,
+        {"trajectories": list(trajectories), "tenants": [t for t, _ in new_keys], "keys": [k for _, k in new_keys]},
+    )
     if trajectories and any(rewards[position].group_id for position in fresh):
         await cursor.execute(_GROUPS_GIVEN, {"trajectories": list(trajectories)})
 
 
 def _insert_row(position: int, reward: NewReward, hash_: str, trajectory_id: uuid.UUID | None) -> dict[str, Any]:
     """The record `_INSERT` reads (jsonb_to_recordset): its keys are the columns it declares."""
-    return {"ord": position, "id": reward.id, "tenant": reward.tenant, "target_kind": reward.target_kind,
-            "target": reward.target, "target_trajectory_id": reward.target_trajectory_id,
-            "target_call": reward.target_call, "trajectory_id": trajectory_id, "name": reward.name,
-            "value": reward.value, "metrics": reward.metrics, "comment": reward.comment, "group_id": reward.group_id,
-            "idempotency_key": reward.idempotency_key, "content_hash": hash_, "source": reward.source,
-            "api_key_id": reward.api_key_id, "observed_at": reward.observed_at}
+    return {
+        "ord": position,
+        "id": reward.id,
+        "tenant": reward.tenant,
+        "target_kind": reward.target_kind,
+        "target": reward.target,
+        "target_trajectory_id": reward.target_trajectory_id,
+        "target_call": reward.target_call,
+        "trajectory_id": trajectory_id,
+        "name": reward.name,
+        "value": reward.value,
+        "metrics": reward.metrics,
+        "comment": reward.comment,
+        "group_id": reward.group_id,
+        "idempotency_key": reward.idempotency_key,
+        "content_hash": hash_,
+        "source": reward.source,
+        "api_key_id": reward.api_key_id,
+        "observed_at": reward.observed_at,
+    }
 
 
-async def _read_rewards(cursor: psycopg.AsyncCursor[dict[str, Any]],
-                        ids: set[uuid.UUID]) -> dict[uuid.UUID, StoredReward]:
+async def _read_rewards(
+    cursor: psycopg.AsyncCursor[dict[str, Any]], ids: set[uuid.UUID]
+) -> dict[uuid.UUID, StoredReward]:
     await cursor.execute(_ANSWERS, {"ids": list(ids)})
     return {row["id"]: StoredReward(**row) for row in await cursor.fetchall()}
 
 
-async def link_pending_rewards(engine: AsyncEngine, check: LinkCheck, *, window_s: float,
-                               include_overdue: bool = False, limit: int = 5000) -> int:
+async def link_pending_rewards(
+    engine: AsyncEngine, check: LinkCheck, *, window_s: float, include_overdue: bool = False, limit: int = 5000
+) -> int:
     """Link pending rewards whose trajectory has landed; returns how many were linked.
 
     `check(policy, name, value, metrics)` returns a reason when the trajectory's policy
@@ -426,15 +490,22 @@ async def link_pending_rewards(engine: AsyncEngine, check: LinkCheck, *, window_
         candidates = await cursor.fetchall()
         if not candidates:
             return 0
-        await _lock(cursor, {lock_key(b"k", c["tenant"], c["idempotency_key"])
-                             for c in candidates if c["idempotency_key"]})
+        await _lock(
+            cursor, {lock_key(b"k", c["tenant"], c["idempotency_key"]) for c in candidates if c["idempotency_key"]}
+        )
         roots = {c["root"] for c in candidates}
         await _lock(cursor, {lock_key(b"t", root) for root in roots})
         links = []
         for c in candidates:
             reason = check(c["policy"], c["name"], c["value"], c["metrics"] or {})
-            links.append({"id": str(c["id"]), "root": str(c["root"]),
-                          "status": "rejected" if reason else "linked", "reason": reason})
+            links.append(
+                {
+                    "id": str(c["id"]),
+                    "root": str(c["root"]),
+                    "status": "rejected" if reason else "linked",
+                    "reason": reason,
+                }
+            )
         await cursor.execute(_LINK, {"links": orjson.dumps(links).decode()})
         linked = cursor.rowcount
         params = {"trajectories": list(roots), "tenants": [], "keys": []}
@@ -449,15 +520,22 @@ async def forget_old_signatures(engine: AsyncEngine, older_than_s: float) -> int
     async with engine.begin() as connection:
         pg = await driver_connection(connection)
         async with pg.cursor() as cursor:
-            await cursor.execute("DELETE FROM reward_signatures WHERE signed_at < now() - make_interval(secs => %s)",
-                                 (older_than_s,))
+            await cursor.execute(
+                "DELETE FROM reward_signatures WHERE signed_at < now() - make_interval(secs => %s)", (older_than_s,)
+            )
             return cursor.rowcount
 
 
-async def list_unlinked(engine: AsyncEngine, *, tenant: str | None, window_s: float, statuses: list[str],
-                        overdue_only: bool, limit: int) -> UnlinkedRewards:
-    params = {"tenant": tenant, "window_s": window_s, "statuses": statuses, "overdue_only": overdue_only,
-              "limit": limit + 1}
+async def list_unlinked(
+    engine: AsyncEngine, *, tenant: str | None, window_s: float, statuses: list[str], overdue_only: bool, limit: int
+) -> UnlinkedRewards:
+    params = {
+        "tenant": tenant,
+        "window_s": window_s,
+        "statuses": statuses,
+        "overdue_only": overdue_only,
+        "limit": limit + 1,
+    }
     async with engine.connect() as connection:
         pg = await driver_connection(connection)
         async with pg.cursor(row_factory=dict_row) as cursor:
@@ -467,17 +545,25 @@ async def list_unlinked(engine: AsyncEngine, *, tenant: str | None, window_s: fl
             counts = await cursor.fetchone()
         await pg.commit()
     assert counts is not None  # an aggregate without GROUP BY answers one row
-    return UnlinkedRewards(rewards=[UnlinkedReward(**row) for row in rows[:limit]], pending_count=counts["pending"],
-                           overdue_count=counts["overdue"], rejected_count=counts["rejected"],
-                           has_more=len(rows) > limit)
+    return UnlinkedRewards(
+        rewards=[UnlinkedReward(**row) for row in rows[:limit]],
+        pending_count=counts["pending"],
+        overdue_count=counts["overdue"],
+        rejected_count=counts["rejected"],
+        has_more=len(rows) > limit,
+    )
 
 
-async def rewards_of(cursor: psycopg.AsyncCursor[dict[str, Any]], trajectory_ids: list[uuid.UUID], *,
-                     history: bool) -> list[StoredReward]:
+async def rewards_of(
+    cursor: psycopg.AsyncCursor[dict[str, Any]], trajectory_ids: list[uuid.UUID], *, history: bool
+) -> list[StoredReward]:
     """The current rewards of these trajectories (with `history`: every one), by name, oldest first."""
     condition = "" if history else "AND r.status = 'linked' AND r.superseded_at IS NULL"
-    await cursor.execute(f"SELECT {_REWARD_COLUMNS} FROM rewards r WHERE r.trajectory_id = ANY(%(ids)s::uuid[]) "
-                         f"{condition} ORDER BY r.name, r.observed_at, r.seq", {"ids": trajectory_ids})
+    await cursor.execute(
+        f"SELECT {_REWARD_COLUMNS} FROM rewards r WHERE r.trajectory_id = ANY(%(ids)s::uuid[]) "
+        f"{condition} ORDER BY r.name, r.observed_at, r.seq",
+        {"ids": trajectory_ids},
+    )
     return [StoredReward(**row) for row in await cursor.fetchall()]
 
 
@@ -486,9 +572,11 @@ async def get_reward(engine: AsyncEngine, reward_id: uuid.UUID, tenant: str | No
     async with engine.connect() as connection:
         pg = await driver_connection(connection)
         async with pg.cursor(row_factory=dict_row) as cursor:
-            await cursor.execute(f"SELECT {_REWARD_COLUMNS} FROM rewards r WHERE r.id = %(id)s "
-                                 "AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)",
-                                 {"id": reward_id, "tenant": tenant})
+            await cursor.execute(
+                f"SELECT {_REWARD_COLUMNS} FROM rewards r WHERE r.id = %(id)s "
+                "AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)",
+                {"id": reward_id, "tenant": tenant},
+            )
             row = await cursor.fetchone()
         await pg.commit()
     return StoredReward(**row) if row else None

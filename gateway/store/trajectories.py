@@ -104,8 +104,9 @@ class TrajectoryPage:
     has_more: bool
 
 
-async def get_trajectory(engine: AsyncEngine, candidates: list[uuid.UUID], tenant: str | None, *,
-                         history: bool) -> TrajectoryDetails | None:
+async def get_trajectory(
+    engine: AsyncEngine, candidates: list[uuid.UUID], tenant: str | None, *, history: bool
+) -> TrajectoryDetails | None:
     """The first of `candidates` that exists (an alias resolves to its root), with its details."""
     async with engine.connect() as connection:
         pg = await driver_connection(connection)
@@ -129,18 +130,28 @@ async def _details(cursor: AsyncCursor[dict[str, Any]], root: uuid.UUID, *, hist
     if trajectory.group_id:
         await cursor.execute(_GROUP_MEMBERS, (trajectory.group_id, trajectory.tenant, root))
         group_members = [member["id"] for member in await cursor.fetchall()]
-    await cursor.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE trajectory_id = %s ORDER BY created_at, id",
-                         (root,))
+    await cursor.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE trajectory_id = %s ORDER BY created_at, id", (root,))
     calls = [CallRow(**call) for call in await cursor.fetchall()]
     rewards = await rewards_of(cursor, [root], history=history)
-    return TrajectoryDetails(trajectory=trajectory, aliases=aliases, group_members=group_members, calls=calls,
-                             rewards=rewards)
+    return TrajectoryDetails(
+        trajectory=trajectory, aliases=aliases, group_members=group_members, calls=calls, rewards=rewards
+    )
 
 
-async def list_trajectories(engine: AsyncEngine, *, tenant: str | None, policy: str | None, model: str | None,
-                            since: datetime | None, until: datetime | None, rewarded: bool | None,
-                            reward_name: str, group_id: str | None, starting_after: uuid.UUID | None,
-                            limit: int) -> TrajectoryPage:
+async def list_trajectories(
+    engine: AsyncEngine,
+    *,
+    tenant: str | None,
+    policy: str | None,
+    model: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    rewarded: bool | None,
+    reward_name: str,
+    group_id: str | None,
+    starting_after: uuid.UUID | None,
+    limit: int,
+) -> TrajectoryPage:
     """Newest first (by last call), merged aliases left out; keyset-paged by `starting_after`."""
     conditions = ["t.merged_into IS NULL"]
     params: dict[str, Any] = {"limit": limit + 1, "reward_name": reward_name}
@@ -155,14 +166,19 @@ async def list_trajectories(engine: AsyncEngine, *, tenant: str | None, policy: 
         conditions.append("t.last_call_at < %(until)s")
         params["until"] = until
     if rewarded is not None:
-        conditions.append(("" if rewarded else "NOT ") + "EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id "
-                          "AND r.name = %(reward_name)s AND r.status = 'linked' AND r.superseded_at IS NULL)")
+        conditions.append(
+            ("" if rewarded else "NOT ") + "EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id "
+            "AND r.name = %(reward_name)s AND r.status = 'linked' AND r.superseded_at IS NULL)"
+        )
     if starting_after is not None:
-        conditions.append("(t.last_call_at, t.id) < (SELECT a.last_call_at, a.id FROM trajectories a "
-                          "WHERE a.id = %(after)s)")
+        conditions.append(
+            "(t.last_call_at, t.id) < (SELECT a.last_call_at, a.id FROM trajectories a WHERE a.id = %(after)s)"
+        )
         params["after"] = starting_after
-    query = (f"SELECT {_SUMMARY_COLUMNS} FROM trajectories t WHERE {' AND '.join(conditions)} "
-             "ORDER BY t.last_call_at DESC, t.id DESC LIMIT %(limit)s")
+    query = (
+        f"SELECT {_SUMMARY_COLUMNS} FROM trajectories t WHERE {' AND '.join(conditions)} "
+        "ORDER BY t.last_call_at DESC, t.id DESC LIMIT %(limit)s"
+    )
     async with engine.connect() as connection:
         pg = await driver_connection(connection)
         async with pg.cursor(row_factory=dict_row) as cursor:

@@ -133,10 +133,17 @@ def message_digest(message: Any) -> bytes:
     form: list[Any] = [message.get("role"), _content_form(message.get("content"))]
     tool_calls = message.get("tool_calls")
     if tool_calls:
-        form.append([
-            [call.get("id"), (call.get("function") or {}).get("name"), (call.get("function") or {}).get("arguments")]
-            for call in tool_calls if isinstance(call, dict)
-        ])
+        form.append(
+            [
+                [
+                    call.get("id"),
+                    (call.get("function") or {}).get("name"),
+                    (call.get("function") or {}).get("arguments"),
+                ]
+                for call in tool_calls
+                if isinstance(call, dict)
+            ]
+        )
     if message.get("tool_call_id"):
         form.append(["tool_call_id", message["tool_call_id"]])
     if message.get("name"):
@@ -226,14 +233,16 @@ class TrajectoryAssignment:
         return self.trajectory_id.bytes if self.client_trajectory_id else self.keys.root_key
 
 
-def assign_trajectory(index: StitchIndex, *, secret: bytes, tenant: str, model: str, messages: list[Any],
-                      client_trajectory_id: str | None) -> TrajectoryAssignment:
+def assign_trajectory(
+    index: StitchIndex, *, secret: bytes, tenant: str, model: str, messages: list[Any], client_trajectory_id: str | None
+) -> TrajectoryAssignment:
     """The trajectory of a new call: the client's (named or echoed), the run this process saw
     continue, or a new one (marked pending when it may continue a run another process saw)."""
     keys = request_keys(tenant, model, messages)
     if client_trajectory_id:
-        return TrajectoryAssignment(trajectory_id_for_client(secret, tenant, client_trajectory_id),
-                                    client_trajectory_id, keys, False)
+        return TrajectoryAssignment(
+            trajectory_id_for_client(secret, tenant, client_trajectory_id), client_trajectory_id, keys, False
+        )
     known = index.lookup(keys.parent_key)
     if known is not None:
         return TrajectoryAssignment(known.trajectory_id, None, keys, False, continued=known)

@@ -37,8 +37,12 @@ class UpstreamAnswer:
 def make_session() -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, ttl_dns_cache=300)
     # No total timeout: streams may be long; each target sets its own read timeout.
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                 auto_decompress=True, skip_auto_headers=("User-Agent",))
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None),
+        auto_decompress=True,
+        skip_auto_headers=("User-Agent",),
+    )
 
 
 def attempt_order(targets: Sequence[UpstreamTarget], primary_count: int, num_retries: int) -> list[UpstreamTarget]:
@@ -50,9 +54,15 @@ def attempt_order(targets: Sequence[UpstreamTarget], primary_count: int, num_ret
     return tries + list(targets[primary_count:])
 
 
-async def post_with_retries(session: aiohttp.ClientSession, targets: Sequence[UpstreamTarget], path: str,
-                            bodies: dict[str, bytes], *, retry_after: float = 0.0,
-                            retry_statuses: frozenset[int] = RETRYABLE_STATUS) -> UpstreamAnswer:
+async def post_with_retries(
+    session: aiohttp.ClientSession,
+    targets: Sequence[UpstreamTarget],
+    path: str,
+    bodies: dict[str, bytes],
+    *,
+    retry_after: float = 0.0,
+    retry_statuses: frozenset[int] = RETRYABLE_STATUS,
+) -> UpstreamAnswer:
     """POST to the first target that answers with a non-retryable status.
 
     `bodies` maps an upstream model name to the body for it (the model name differs between
@@ -69,12 +79,19 @@ async def post_with_retries(session: aiohttp.ClientSession, targets: Sequence[Up
             await asyncio.sleep(retry_after)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, target.timeout), sock_read=target.timeout)
         try:
-            response = await session.post(target.api_base + path, data=bodies[target.upstream_model],
-                                          headers=target.headers(), timeout=timeout)
+            response = await session.post(
+                target.api_base + path, data=bodies[target.upstream_model], headers=target.headers(), timeout=timeout
+            )
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             last_error = exc
-            log.warning("upstream %s failed (%s: %s); attempt %d of %d", target.name, type(exc).__name__,
-                        exc, attempt, len(targets))
+            log.warning(
+                "upstream %s failed (%s: %s); attempt %d of %d",
+                target.name,
+                type(exc).__name__,
+                exc,
+                attempt,
+                len(targets),
+            )
             continue
         answer = UpstreamAnswer(response, target, attempt)
         if response.status not in retry_statuses or attempt == len(targets):
@@ -85,8 +102,12 @@ async def post_with_retries(session: aiohttp.ClientSession, targets: Sequence[Up
         return last_answer
     if isinstance(last_error, asyncio.TimeoutError):
         raise GatewayError(504, f"upstream timed out: {', '.join(t.name for t in targets)}", code="upstream_timeout")
-    raise GatewayError(502, f"no upstream answered ({', '.join(sorted({t.name for t in targets}))}): "
-                            f"{type(last_error).__name__}: {last_error}", code="upstream_unavailable")
+    raise GatewayError(
+        502,
+        f"no upstream answered ({', '.join(sorted({t.name for t in targets}))}): "
+        f"{type(last_error).__name__}: {last_error}",
+        code="upstream_unavailable",
+    )
 
 
 async def error_from_answer(answer: UpstreamAnswer) -> tuple[int, bytes]:

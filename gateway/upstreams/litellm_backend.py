@@ -33,8 +33,7 @@ def _module() -> Any:
 def _arguments(target: UpstreamTarget, body: dict[str, Any]) -> dict[str, Any]:
     arguments = {k: v for k, v in body.items() if k not in ("model", "messages")}
     arguments.update(target.litellm_params)
-    arguments.update(model=target.litellm_model, messages=body["messages"], timeout=target.timeout,
-                     num_retries=0)
+    arguments.update(model=target.litellm_model, messages=body["messages"], timeout=target.timeout, num_retries=0)
     if target.api_key:
         arguments["api_key"] = target.api_key
     if target.api_base and target.litellm_model and not target.api_base.startswith("https://api.openai.com"):

@@ -63,9 +63,17 @@ def _target_from_entry(entry: ModelEntry, default_timeout: float) -> UpstreamTar
 
 def _targets_from_policy(policy: PolicySettings) -> list[UpstreamTarget]:
     api_key = resolve_secret(policy.api_key)
-    return [UpstreamTarget(name=f"{policy.name}@{endpoint}", direct=True, api_base=endpoint,
-                           upstream_model=policy.base_model, api_key=api_key, timeout=policy.timeout)
-            for endpoint in policy.endpoints]
+    return [
+        UpstreamTarget(
+            name=f"{policy.name}@{endpoint}",
+            direct=True,
+            api_base=endpoint,
+            upstream_model=policy.base_model,
+            api_key=api_key,
+            timeout=policy.timeout,
+        )
+        for endpoint in policy.endpoints
+    ]
 
 
 class Router:
@@ -101,17 +109,22 @@ class Router:
             if WILDCARD not in self._deployments:
                 raise UnknownModel(model)
             # LiteLLM's `model_name: "*"`: any other name goes to that provider as it is.
-            targets = [replace(target, upstream_model=model, name=model,
-                               litellm_model=(target.litellm_model or "").replace(WILDCARD, model))
-                       for target in self._rotated(WILDCARD)]
+            targets = [
+                replace(
+                    target,
+                    upstream_model=model,
+                    name=model,
+                    litellm_model=(target.litellm_model or "").replace(WILDCARD, model),
+                )
+                for target in self._rotated(WILDCARD)
+            ]
             return RoutePlan(model=model, policy=None, targets=targets, primary_count=len(targets))
         targets = self._rotated(model)
         primary_count = len(targets)
         for fallback in self.settings.router_settings.fallbacks_for(model):
             if fallback in self._deployments:
                 targets.extend(self._rotated(fallback))
-        return RoutePlan(model=model, policy=self._policies.get(model), targets=targets,
-                         primary_count=primary_count)
+        return RoutePlan(model=model, policy=self._policies.get(model), targets=targets, primary_count=primary_count)
 
     def target_for_other_endpoint(self, model: str | None) -> UpstreamTarget | None:
         """Embeddings and the like: the deployment of that model name, else the default."""

@@ -41,8 +41,14 @@ def new_lora(base_model: Any, rank: int, alpha: float, target_modules: Sequence[
         raise AdapterFormatError(f"LoRA rank {rank} is not one vLLM accepts: {list(VLLM_LORA_RANKS)}")
     # peft annotates lora_alpha as int, but only ever divides it by r (and vLLM does the same with the
     # saved config): a float alpha, which the settings allow, is valid and is kept as given.
-    config = LoraConfig(r=rank, lora_alpha=alpha,  # type: ignore[arg-type]
-                        lora_dropout=dropout, target_modules=list(target_modules), bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,  # type: ignore[arg-type]
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     model = get_peft_model(base_model, config, adapter_name=TRAINABLE_ADAPTER)
     only_lora_trainable(model)
     return model
@@ -107,8 +113,9 @@ def save_adapter(model: Any, out_dir: str | os.PathLike[str], base_model_name: s
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f"{TMP_PREFIX}{out.name}-{uuid.uuid4().hex[:8]}"
     try:
-        model.save_pretrained(str(tmp), selected_adapters=[TRAINABLE_ADAPTER], save_embedding_layers=False,
-                              safe_serialization=True)
+        model.save_pretrained(
+            str(tmp), selected_adapters=[TRAINABLE_ADAPTER], save_embedding_layers=False, safe_serialization=True
+        )
         config = read_config(tmp)
         # The name clients know the base by, not the local cache directory it was loaded from.
         config["base_model_name_or_path"] = base_model_name

@@ -67,7 +67,9 @@ class Grouping:
     waiting: list[Group] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        return {name: len(getattr(self, name)) for name in ("usable", "equal_rewards", "greedy", "too_small", "waiting")}
+        return {
+            name: len(getattr(self, name)) for name in ("usable", "equal_rewards", "greedy", "too_small", "waiting")
+        }
 
     def set_aside(self) -> list[Group]:
         """Groups looked at and found to carry no signal: consumed, never trained."""
@@ -92,8 +94,9 @@ def task_messages(messages: Sequence[Any]) -> list[Any]:
 
 def task_key(messages: Sequence[Any], tools: Any = None) -> str:
     """A stable hash of the task: the messages up to the first assistant turn, and the tools."""
-    canonical = json.dumps([task_messages(messages), tools or None], sort_keys=True, separators=(",", ":"),
-                           ensure_ascii=False)
+    canonical = json.dumps(
+        [task_messages(messages), tools or None], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
     return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
 
 

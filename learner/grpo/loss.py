@@ -82,10 +82,19 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
-def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor, *,
-              eps_low: float, eps_high: float, behaviour_logp: torch.Tensor | None = None,
-              tis_cap: float | None = None, ref_logp: torch.Tensor | None = None,
-              kl_beta: float = 0.0) -> LossOutput:
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    behaviour_logp: torch.Tensor | None = None,
+    tis_cap: float | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+) -> LossOutput:
     """The clipped, importance-corrected GRPO loss over loss tokens (all arguments 1-D, aligned)."""
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * advantages
@@ -105,5 +114,11 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     with torch.no_grad():
         clipped = ((advantages > 0) & (ratio > 1.0 + eps_high)) | ((advantages < 0) & (ratio < 1.0 - eps_low))
     loss = (weights * per_token).sum()
-    return LossOutput(loss=loss, per_token=per_token.detach(), clipped=clipped, ratio=ratio.detach(), tis=tis,
-                      kl=kl.detach() if kl is not None else None)
+    return LossOutput(
+        loss=loss,
+        per_token=per_token.detach(),
+        clipped=clipped,
+        ratio=ratio.detach(),
+        tis=tis,
+        kl=kl.detach() if kl is not None else None,
+    )

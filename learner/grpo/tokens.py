@@ -89,6 +89,7 @@ class CallRecord:
 
 # ------------------------------------------------------------------ parsing recorded calls
 
+
 def _answer_message(choice: dict[str, Any]) -> dict[str, Any]:
     message = dict(choice.get("message") or {})
     message["role"] = "assistant"
@@ -96,8 +97,9 @@ def _answer_message(choice: dict[str, Any]) -> dict[str, Any]:
 
 
 def _same_answer(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return (a.get("content") or "") == (b.get("content") or "") and \
-        [c.get("function") for c in a.get("tool_calls") or []] == [c.get("function") for c in b.get("tool_calls") or []]
+    return (a.get("content") or "") == (b.get("content") or "") and [
+        c.get("function") for c in a.get("tool_calls") or []
+    ] == [c.get("function") for c in b.get("tool_calls") or []]
 
 
 def pick_choice(response: dict[str, Any], next_messages: Sequence[dict[str, Any]] | None, position: int) -> int:
@@ -111,8 +113,13 @@ def pick_choice(response: dict[str, Any], next_messages: Sequence[dict[str, Any]
     return 0
 
 
-def parse_call(request: dict[str, Any], response: dict[str, Any], temperature: float | None, version: str | None,
-               next_request: dict[str, Any] | None = None) -> CallRecord:
+def parse_call(
+    request: dict[str, Any],
+    response: dict[str, Any],
+    temperature: float | None,
+    version: str | None,
+    next_request: dict[str, Any] | None = None,
+) -> CallRecord:
     """A calls row (request and response JSON) as a CallRecord; raises if it holds no answer."""
     choices = response.get("choices") or []
     if not choices:
@@ -128,25 +135,34 @@ def parse_call(request: dict[str, Any], response: dict[str, Any], temperature: f
         values = [entry.get("logprob") for entry in content]
         if all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
             logprobs = [float(v) for v in values]
-    return CallRecord(messages=messages, tools=request.get("tools"), answer=_answer_message(choice),
-                      prompt_ids=list(prompt_ids) if prompt_ids else None,
-                      completion_ids=list(completion_ids) if completion_ids else None, logprobs=logprobs,
-                      temperature=1.0 if temperature is None else float(temperature), version=version,
-                      chat_template_kwargs=dict(request.get("chat_template_kwargs") or {}))
+    return CallRecord(
+        messages=messages,
+        tools=request.get("tools"),
+        answer=_answer_message(choice),
+        prompt_ids=list(prompt_ids) if prompt_ids else None,
+        completion_ids=list(completion_ids) if completion_ids else None,
+        logprobs=logprobs,
+        temperature=1.0 if temperature is None else float(temperature),
+        version=version,
+        chat_template_kwargs=dict(request.get("chat_template_kwargs") or {}),
+    )
 
 
 # ------------------------------------------------------------------ the two paths
+
 
 def exact_call_tokens(call: CallRecord) -> CallTokens:
     """The exact-ids path: what the server returned, untouched."""
     if not call.has_token_ids:
         raise TokenizationError("the call has no recorded token ids")
-    return CallTokens(list(call.prompt_ids or []), list(call.completion_ids or []), call.logprobs,
-                      call.temperature, call.version)
+    return CallTokens(
+        list(call.prompt_ids or []), list(call.completion_ids or []), call.logprobs, call.temperature, call.version
+    )
 
 
-def _render_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool,
-                kwargs: dict[str, Any]) -> list[int]:
+def _render_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool, kwargs: dict[str, Any]
+) -> list[int]:
     """The call's chat rendered exactly as the server rendered it (see learner/chat_template.py)."""
     options = dict(kwargs)
     if tools:
@@ -171,14 +187,15 @@ def template_call_tokens(tokenizer: Any, call: CallRecord, end_ids: set[int] | N
     end_ids = end_of_turn_ids(tokenizer) if end_ids is None else end_ids
     prompt = _render_ids(tokenizer, call.messages, call.tools, True, call.chat_template_kwargs)
     full = _render_ids(tokenizer, [*call.messages, call.answer], call.tools, False, call.chat_template_kwargs)
-    if full[:len(prompt)] != prompt:
+    if full[: len(prompt)] != prompt:
         raise TemplateNotPrefixPreserving(
             "the chat template is not prefix-preserving: rendering the chat with the generation prompt is not "
-            "a token prefix of rendering it with the answer")
-    completion = full[len(prompt):]
+            "a token prefix of rendering it with the answer"
+        )
+    completion = full[len(prompt) :]
     ends = [i for i, token in enumerate(completion) if token in end_ids]
     if ends:
-        completion = completion[:ends[-1] + 1]
+        completion = completion[: ends[-1] + 1]
     if not completion:
         raise TokenizationError("the answer renders to no tokens")
     return CallTokens(prompt, completion, None, call.temperature, call.version)
@@ -195,6 +212,7 @@ def call_tokens(tokenizer: Any, call: CallRecord) -> CallTokens:
 
 # ------------------------------------------------------------------ calls -> segments
 
+
 def _new_segment(call: CallTokens) -> Segment:
     ids = call.prompt_ids + call.completion_ids
     mask = [False] * len(call.prompt_ids) + [True] * len(call.completion_ids)
@@ -206,13 +224,17 @@ def _new_segment(call: CallTokens) -> Segment:
 
 def _extends(segment: Segment, call: CallTokens) -> bool:
     n = len(segment.input_ids)
-    return (call.temperature == segment.temperature and call.version == segment.version
-            and len(call.prompt_ids) >= n and call.prompt_ids[:n] == segment.input_ids
-            and (segment.behaviour_logprobs is None) == (call.logprobs is None))
+    return (
+        call.temperature == segment.temperature
+        and call.version == segment.version
+        and len(call.prompt_ids) >= n
+        and call.prompt_ids[:n] == segment.input_ids
+        and (segment.behaviour_logprobs is None) == (call.logprobs is None)
+    )
 
 
 def _append(segment: Segment, call: CallTokens) -> None:
-    tail = call.prompt_ids[len(segment.input_ids):]
+    tail = call.prompt_ids[len(segment.input_ids) :]
     segment.input_ids += tail + call.completion_ids
     segment.loss_mask += [False] * len(tail) + [True] * len(call.completion_ids)
     if segment.behaviour_logprobs is not None and call.logprobs is not None:

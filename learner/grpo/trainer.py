@@ -144,20 +144,35 @@ def _row(sample: int, segment: Segment) -> _Row | None:
         values = [segment.behaviour_logprobs[i] for i in positions]
         if all(math.isfinite(v) for v in values):
             recorded = torch.tensor(values, dtype=torch.float32)
-    return _Row(sample, torch.tensor(segment.input_ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
-                max(segment.temperature, 1e-5), segment.version, recorded)
+    return _Row(
+        sample,
+        torch.tensor(segment.input_ids, dtype=torch.long),
+        torch.tensor(positions, dtype=torch.long),
+        max(segment.temperature, 1e-5),
+        segment.version,
+        recorded,
+    )
 
 
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 class GRPOTrainer:
     """Trains the `default` adapter of a PeftModel in place; see the module docstring."""
 
-    def __init__(self, model: Any, config: TrainerConfig, *, start_version: str | None = None,
-                 version_paths: dict[str, str] | None = None, fresh: bool = False, pad_token_id: int = 0,
-                 progress: bool = False, optimizer: torch.optim.Optimizer | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        config: TrainerConfig,
+        *,
+        start_version: str | None = None,
+        version_paths: dict[str, str] | None = None,
+        fresh: bool = False,
+        pad_token_id: int = 0,
+        progress: bool = False,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
         self.model = model
         self.config = config
         # Given by a long-lived learner (learner/jobs/session.py), so that its moments and step
@@ -187,12 +202,14 @@ class GRPOTrainer:
         result.duration_s = time.perf_counter() - started
         return result
 
-    def _optimize(self, samples: Sequence[TrainSample], rows_by_sample: dict[int, list[_Row]],
-                  result: TrainResult) -> None:
+    def _optimize(
+        self, samples: Sequence[TrainSample], rows_by_sample: dict[int, list[_Row]], result: TrainResult
+    ) -> None:
         """The training loop: each optimizer step accumulates its micro-batches' gradients, clips, steps."""
         params = self._trainable_parameters()
-        optimizer = self.optimizer or torch.optim.AdamW(params, lr=self.config.lr,
-                                                        weight_decay=self.config.weight_decay)
+        optimizer = self.optimizer or torch.optim.AdamW(
+            params, lr=self.config.lr, weight_decay=self.config.weight_decay
+        )
         steps = self._plan(sorted(rows_by_sample), {sample: len(rows) for sample, rows in rows_by_sample.items()})
         meter = _RunMeter()
         self.model.train()
@@ -353,13 +370,14 @@ class GRPOTrainer:
             if current:
                 steps.append(current)
         if self.config.max_steps is not None:
-            steps = steps[:self.config.max_steps]
+            steps = steps[: self.config.max_steps]
         return steps
 
     # ------------------------------------------------------------------ 3. one step's micro-batches
 
-    def backward_step(self, samples: Sequence[TrainSample], step_rows: Sequence[_Row], step_number: int = 0,
-                      measure_gap: bool = False) -> StepSums:
+    def backward_step(
+        self, samples: Sequence[TrainSample], step_rows: Sequence[_Row], step_number: int = 0, measure_gap: bool = False
+    ) -> StepSums:
         """Accumulate one optimizer step's gradient over micro-batches; returns the step's sums.
 
         The step's token weights are fixed first, from all its rows, so the accumulated gradient
@@ -387,16 +405,32 @@ class GRPOTrainer:
         weights = aggregation_weights(list(per_sample.values()), self.config.aggregation)
         return dict(zip(per_sample, weights, strict=True))
 
-    def _loss(self, micro: Sequence[_Row], logp: torch.Tensor, old: torch.Tensor, samples: Sequence[TrainSample],
-              weight_of: dict[int, float]) -> LossOutput:
+    def _loss(
+        self,
+        micro: Sequence[_Row],
+        logp: torch.Tensor,
+        old: torch.Tensor,
+        samples: Sequence[TrainSample],
+        weight_of: dict[int, float],
+    ) -> LossOutput:
         """The GRPO loss of one micro-batch: each token carries its sample's advantage and weight."""
         config = self.config
         advantages = self._per_token(micro, lambda r: samples[r.sample].advantage)
         weights = self._per_token(micro, lambda r: weight_of[r.sample])
         behaviour = self._concat([r.behaviour for r in micro])
         ref = self._concat([r.ref for r in micro]) if config.kl_beta > 0 else None
-        return grpo_loss(logp, old, advantages, weights, eps_low=config.eps_low, eps_high=config.eps_high,
-                         behaviour_logp=behaviour, tis_cap=config.tis_cap, ref_logp=ref, kl_beta=config.kl_beta)
+        return grpo_loss(
+            logp,
+            old,
+            advantages,
+            weights,
+            eps_low=config.eps_low,
+            eps_high=config.eps_high,
+            behaviour_logp=behaviour,
+            tis_cap=config.tis_cap,
+            ref_logp=ref,
+            kl_beta=config.kl_beta,
+        )
 
     def _concat(self, per_row: Sequence[torch.Tensor | None]) -> torch.Tensor:
         """Per-row reference logprobs (filled in by `prepare`) as one flat vector on the model's device."""
@@ -425,7 +459,7 @@ class GRPOTrainer:
         length = max(int(r.ids.numel()) for r in rows)
         input_ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
         for i, row in enumerate(rows):
-            input_ids[i, :row.ids.numel()] = row.ids
+            input_ids[i, : row.ids.numel()] = row.ids
         return input_ids.to(self.device)
 
     def _logprobs(self, rows: Sequence[_Row]) -> torch.Tensor:
@@ -446,6 +480,7 @@ class GRPOTrainer:
 
 # ---------------------------------------------------------------------- bookkeeping beside the training loop
 
+
 @dataclass
 class StepSums:
     """Sums over the loss tokens of one optimizer step (or of a whole run): means are taken at the end."""
@@ -461,8 +496,9 @@ class StepSums:
     gap: float = 0.0  # |trainer - sampler| logprob over gap_tokens; measured on the first step only
     gap_tokens: int = 0
 
-    def add_micro_batch(self, micro: Sequence[_Row], logp: torch.Tensor, old: torch.Tensor, out: LossOutput,
-                        tis_cap: float) -> None:
+    def add_micro_batch(
+        self, micro: Sequence[_Row], logp: torch.Tensor, old: torch.Tensor, out: LossOutput, tis_cap: float
+    ) -> None:
         """One micro-batch's loss-token statistics (`logp` detached, `old` its starting-policy logprobs)."""
         drift = k3_kl(logp, old)
         kl = out.kl if out.kl is not None else drift
@@ -493,8 +529,15 @@ class _RunMeter:
     def record(self, number: int, step: StepSums, grad_norm: float) -> dict[str, float]:
         """Adds one optimizer step; returns its history entry (means over its loss tokens)."""
         tokens = max(step.tokens, 1)
-        entry = {"step": number, "loss": step.loss, "kl": step.kl / tokens, "clip_fraction": step.clipped / tokens,
-                 "grad_norm": grad_norm, "tis_mean": step.tis / tokens, "tokens": step.tokens}
+        entry = {
+            "step": number,
+            "loss": step.loss,
+            "kl": step.kl / tokens,
+            "clip_fraction": step.clipped / tokens,
+            "grad_norm": grad_norm,
+            "tis_mean": step.tis / tokens,
+            "tokens": step.tokens,
+        }
         self.history.append(entry)
         self.sums.add(step)
         self.grad_norm += grad_norm

@@ -46,12 +46,21 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
     )
     op.create_index("ix_trajectories_policy_last_call", "trajectories", ["policy", "last_call_at"])
-    op.create_index("ix_trajectories_tenant_client_id", "trajectories", ["tenant", "client_trajectory_id"],
-                    postgresql_where=sa.text("client_trajectory_id IS NOT NULL"))
-    op.create_index("ix_trajectories_group", "trajectories", ["group_id"],
-                    postgresql_where=sa.text("group_id IS NOT NULL"))
-    op.create_index("ix_trajectories_merged_into", "trajectories", ["merged_into"],
-                    postgresql_where=sa.text("merged_into IS NOT NULL"))
+    op.create_index(
+        "ix_trajectories_tenant_client_id",
+        "trajectories",
+        ["tenant", "client_trajectory_id"],
+        postgresql_where=sa.text("client_trajectory_id IS NOT NULL"),
+    )
+    op.create_index(
+        "ix_trajectories_group", "trajectories", ["group_id"], postgresql_where=sa.text("group_id IS NOT NULL")
+    )
+    op.create_index(
+        "ix_trajectories_merged_into",
+        "trajectories",
+        ["merged_into"],
+        postgresql_where=sa.text("merged_into IS NOT NULL"),
+    )
     op.create_table(
         "calls",
         sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
@@ -90,8 +99,7 @@ def upgrade() -> None:
         sa.Column("value", sa.LargeBinary, nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
     )
-    op.create_index("ix_calls_parent_key_pending", "calls", ["parent_key"],
-                    postgresql_where=sa.text("stitch_pending"))
+    op.create_index("ix_calls_parent_key_pending", "calls", ["parent_key"], postgresql_where=sa.text("stitch_pending"))
 
 
 def downgrade() -> None:

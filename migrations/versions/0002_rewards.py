@@ -47,16 +47,27 @@ def upgrade() -> None:
         sa.CheckConstraint("(status = 'pending') = (trajectory_id IS NULL)", name="ck_rewards_linked"),
     )
     # The learner's query: current rewards of a trajectory.
-    op.create_index("ix_rewards_current", "rewards", ["trajectory_id", "name"],
-                    postgresql_where=sa.text("status = 'linked' AND superseded_at IS NULL"))
+    op.create_index(
+        "ix_rewards_current",
+        "rewards",
+        ["trajectory_id", "name"],
+        postgresql_where=sa.text("status = 'linked' AND superseded_at IS NULL"),
+    )
     # A trajectory's rewards, newest first per name: finds the current one without reading history.
-    op.create_index("ix_rewards_slot", "rewards",
-                    ["trajectory_id", "name", sa.text("observed_at DESC"), sa.text("seq DESC")],
-                    postgresql_where=sa.text("trajectory_id IS NOT NULL"))
-    op.create_index("ix_rewards_pending", "rewards", ["received_at"],
-                    postgresql_where=sa.text("status = 'pending'"))
-    op.create_index("uq_rewards_idempotency", "rewards", ["tenant", "idempotency_key", "content_hash"],
-                    unique=True, postgresql_where=sa.text("idempotency_key IS NOT NULL"))
+    op.create_index(
+        "ix_rewards_slot",
+        "rewards",
+        ["trajectory_id", "name", sa.text("observed_at DESC"), sa.text("seq DESC")],
+        postgresql_where=sa.text("trajectory_id IS NOT NULL"),
+    )
+    op.create_index("ix_rewards_pending", "rewards", ["received_at"], postgresql_where=sa.text("status = 'pending'"))
+    op.create_index(
+        "uq_rewards_idempotency",
+        "rewards",
+        ["tenant", "idempotency_key", "content_hash"],
+        unique=True,
+        postgresql_where=sa.text("idempotency_key IS NOT NULL"),
+    )
     op.create_table(
         "reward_signatures",
         sa.Column("signature", sa.LargeBinary, primary_key=True),

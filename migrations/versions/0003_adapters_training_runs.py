@@ -48,8 +48,9 @@ def upgrade() -> None:
         sa.Column("config", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
         sa.Column("metrics", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
         sa.Column("error", sa.Text),
-        sa.CheckConstraint("status IN ('running', 'succeeded', 'failed', 'aborted', 'skipped')",
-                           name="ck_training_runs_status"),
+        sa.CheckConstraint(
+            "status IN ('running', 'succeeded', 'failed', 'aborted', 'skipped')", name="ck_training_runs_status"
+        ),
     )
     op.create_index("ix_training_runs_policy_started", "training_runs", ["policy", "started_at"])
     op.create_table(
@@ -79,10 +80,20 @@ def upgrade() -> None:
     )
     op.create_index("ix_adapter_versions_policy_status", "adapter_versions", ["policy", "status"])
     # At most one promoted and one canary version per policy at any time.
-    op.create_index("uq_adapter_versions_promoted", "adapter_versions", ["policy"], unique=True,
-                    postgresql_where=sa.text("status = 'promoted'"))
-    op.create_index("uq_adapter_versions_canary", "adapter_versions", ["policy"], unique=True,
-                    postgresql_where=sa.text("status = 'canary'"))
+    op.create_index(
+        "uq_adapter_versions_promoted",
+        "adapter_versions",
+        ["policy"],
+        unique=True,
+        postgresql_where=sa.text("status = 'promoted'"),
+    )
+    op.create_index(
+        "uq_adapter_versions_canary",
+        "adapter_versions",
+        ["policy"],
+        unique=True,
+        postgresql_where=sa.text("status = 'canary'"),
+    )
     op.create_table(
         "adapter_transitions",
         sa.Column("id", sa.BigInteger, sa.Identity(always=False), primary_key=True),
@@ -104,8 +115,12 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
     )
     # Selection of untrained trajectories of a policy.
-    op.create_index("ix_trajectories_untrained", "trajectories", ["policy", "last_call_at"],
-                    postgresql_where=sa.text("trained_in_run_id IS NULL AND merged_into IS NULL"))
+    op.create_index(
+        "ix_trajectories_untrained",
+        "trajectories",
+        ["policy", "last_call_at"],
+        postgresql_where=sa.text("trained_in_run_id IS NULL AND merged_into IS NULL"),
+    )
 
 
 def downgrade() -> None:

@@ -39,8 +39,9 @@ def other_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model-32"), tokenizer_dir=smollm2_dir, hidden_size=32)
 
 
-def make_adapter(base_dir: Path, out_dir: Path, seed: int = 1, rank: int = 8,
-                 targets: tuple[str, ...] = ("q_proj", "v_proj")) -> Path:
+def make_adapter(
+    base_dir: Path, out_dir: Path, seed: int = 1, rank: int = 8, targets: tuple[str, ...] = ("q_proj", "v_proj")
+) -> Path:
     """Save a PEFT LoRA adapter with random (non-zero) B, so that it changes the outputs."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -48,8 +49,9 @@ def make_adapter(base_dir: Path, out_dir: Path, seed: int = 1, rank: int = 8,
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(base_dir)
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),
-                                                  init_lora_weights=False))
+    peft_model = get_peft_model(
+        model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets), init_lora_weights=False)
+    )
     peft_model.save_pretrained(out_dir)
     return out_dir
 

@@ -14,15 +14,21 @@ MESSAGES = [{"role": "user", "content": "Name a colour."}]
 
 def logprobs_of(server, model: str) -> tuple[list[int], list[float]]:
     response = server.client().chat.completions.create(
-        model=model, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True,
-        extra_body={"return_token_ids": True})
+        model=model,
+        messages=MESSAGES,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
     choice = response.choices[0]
     return choice.token_ids, [e.logprob for e in choice.logprobs.content]
 
 
 def load(server, name: str, path, **extra) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/v1/load_lora_adapter",
-                      json={"lora_name": name, "lora_path": str(path), **extra}, timeout=60)
+    return httpx.post(
+        f"{server.base_url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path), **extra}, timeout=60
+    )
 
 
 def unload(server, name: str) -> httpx.Response:
@@ -54,7 +60,11 @@ def test_load_use_and_unload(server, tiny_model_dir, adapter_factory):
     assert again.status_code == 400
     assert again.json()["error"] == {
         "message": "The lora adapter 'alpha' has already been loaded. If you want to load the adapter in place, "
-                   "set 'load_inplace' to True.", "type": "InvalidUserInput", "param": None, "code": 400}
+        "set 'load_inplace' to True.",
+        "type": "InvalidUserInput",
+        "param": None,
+        "code": 400,
+    }
     assert load(server, "alpha", second, load_inplace=True).status_code == 200
     assert logprobs_of(server, "alpha") == beta  # same weights as beta now
 
@@ -72,15 +82,19 @@ def test_load_use_and_unload(server, tiny_model_dir, adapter_factory):
     assert missing.json()["error"]["type"] == "NotFoundError"
 
 
-def test_bad_adapters_are_rejected_and_serving_goes_on(server, tiny_model_dir, other_tiny_model_dir,
-                                                       adapter_factory, tmp_path):
+def test_bad_adapters_are_rejected_and_serving_goes_on(
+    server, tiny_model_dir, other_tiny_model_dir, adapter_factory, tmp_path
+):
     base = logprobs_of(server, "tiny")
 
     nowhere = load(server, "ghost", tmp_path / "nothing-here")
     assert nowhere.status_code == 404
     assert nowhere.json()["error"] == {
         "message": f"Loading lora ghost failed: No adapter found for {tmp_path / 'nothing-here'}",
-        "type": "NotFoundError", "param": None, "code": 404}
+        "type": "NotFoundError",
+        "param": None,
+        "code": 404,
+    }
 
     wrong_base = load(server, "wrong", adapter_factory(other_tiny_model_dir))
     assert wrong_base.status_code == 400 and wrong_base.json()["error"]["type"] == "BadRequestError"
@@ -88,12 +102,19 @@ def test_bad_adapters_are_rejected_and_serving_goes_on(server, tiny_model_dir, o
 
     foreign = tmp_path / "foreign"  # a LoRA for modules this architecture does not have
     foreign.mkdir()
-    write_json(foreign / "adapter_config.json", {"peft_type": "LORA", "r": 4, "lora_alpha": 8,
-                                                 "target_modules": ["c_attn"], "base_model_name_or_path": "gpt2"})
+    write_json(
+        foreign / "adapter_config.json",
+        {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["c_attn"], "base_model_name_or_path": "gpt2"},
+    )
     import torch
-    save_file({"base_model.model.transformer.h.0.attn.c_attn.lora_A.weight": torch.zeros(4, 64),
-               "base_model.model.transformer.h.0.attn.c_attn.lora_B.weight": torch.zeros(192, 4)},
-              str(foreign / "adapter_model.safetensors"))
+
+    save_file(
+        {
+            "base_model.model.transformer.h.0.attn.c_attn.lora_A.weight": torch.zeros(4, 64),
+            "base_model.model.transformer.h.0.attn.c_attn.lora_B.weight": torch.zeros(192, 4),
+        },
+        str(foreign / "adapter_model.safetensors"),
+    )
     answer = load(server, "foreign", foreign)
     assert answer.status_code == 400
     assert answer.json()["error"]["message"].startswith(f"While loading {foreign}, expected target modules in")

@@ -38,11 +38,32 @@ MARGIN = 0.15
 BUDGET_S = 1200
 GROUP_INTERVAL_S = 4.0  # one group of GROUP_SIZE runs every 4 s: about 1.5 runs a second
 MAX_GROUPS_IN_FLIGHT = 3
-EVAL_TOPICS = ["a harbor at dawn", "a clock tower", "the first snow", "a street market", "an old map",
-               "a mountain lake", "a paper boat", "a jazz club", "a wheat field", "a subway car",
-               "a lemon tree", "a foggy pier", "a desert road", "a school bell", "a pine cone", "a tide pool",
-               "a sailing ship", "a night train", "a bamboo forest", "a thunderclap", "a sand dune",
-               "a quiet chapel", "a red balloon", "a frozen pond"]
+EVAL_TOPICS = [
+    "a harbor at dawn",
+    "a clock tower",
+    "the first snow",
+    "a street market",
+    "an old map",
+    "a mountain lake",
+    "a paper boat",
+    "a jazz club",
+    "a wheat field",
+    "a subway car",
+    "a lemon tree",
+    "a foggy pier",
+    "a desert road",
+    "a school bell",
+    "a pine cone",
+    "a tide pool",
+    "a sailing ship",
+    "a night train",
+    "a bamboo forest",
+    "a thunderclap",
+    "a sand dune",
+    "a quiet chapel",
+    "a red balloon",
+    "a frozen pond",
+]
 
 
 def write_config(data_dir: Path, port: int, model_port: int) -> None:
@@ -57,8 +78,18 @@ def write_config(data_dir: Path, port: int, model_port: int) -> None:
 
 class Up:
     def __init__(self, data_dir: Path, port: int, model_port: int) -> None:
-        self.args = [sys.executable, "-m", "apprentice.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
-                     "--model-port", str(model_port)]
+        self.args = [
+            sys.executable,
+            "-m",
+            "apprentice.cli",
+            "up",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            str(port),
+            "--model-port",
+            str(model_port),
+        ]
         self.log = data_dir.parent / "up.log"
         self.url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen | None = None
@@ -66,8 +97,9 @@ class Up:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("APPRENTICE_") and k != "DATABASE_URL"}
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                self.args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env, start_new_session=True
+            )
         deadline = time.monotonic() + 600
         while "Apprentice is up" not in self.log.read_text(errors="replace"):
             assert self.process.poll() is None, self.log.read_text()[-3000:]
@@ -86,19 +118,34 @@ class Up:
             raise
 
 
-async def run_group(client: openai.AsyncOpenAI, http: httpx.AsyncClient, topic: str, seed: int,
-                    rng: random.Random, deliveries: list[asyncio.Task]) -> list[tuple[str, float]]:
+async def run_group(
+    client: openai.AsyncOpenAI,
+    http: httpx.AsyncClient,
+    topic: str,
+    seed: int,
+    rng: random.Random,
+    deliveries: list[asyncio.Task],
+) -> list[tuple[str, float]]:
     async def one(k: int) -> tuple[str, float]:
         raw = await client.chat.completions.with_raw_response.create(
-            model="apprentice", messages=task_prompt(topic, MAX_WORDS), max_tokens=MAX_TOKENS, seed=seed * 100 + k)
+            model="apprentice", messages=task_prompt(topic, MAX_WORDS), max_tokens=MAX_TOKENS, seed=seed * 100 + k
+        )
         completion = raw.parse()
         choice = completion.choices[0]
         reward = score(choice.message.content or "", choice.finish_reason, MAX_WORDS)
 
         async def deliver() -> None:  # the agent's own system reports the outcome later
             await asyncio.sleep(rng.uniform(0.2, 4.0))
-            (await http.post("/rewards", json={"trajectory_id": raw.headers["x-trajectory-id"], "reward": reward,
-                                               "group_id": f"{topic}-{seed}"})).raise_for_status()
+            (
+                await http.post(
+                    "/rewards",
+                    json={
+                        "trajectory_id": raw.headers["x-trajectory-id"],
+                        "reward": reward,
+                        "group_id": f"{topic}-{seed}",
+                    },
+                )
+            ).raise_for_status()
 
         deliveries.append(asyncio.create_task(deliver()))
         return completion.model, reward
@@ -114,8 +161,8 @@ async def evaluate(server: openai.AsyncOpenAI, model: str) -> float:
     async def one(topic: str, seed: int) -> float:
         async with semaphore:
             completion = await server.chat.completions.create(
-                model=model, messages=task_prompt(topic, MAX_WORDS), max_tokens=MAX_TOKENS, seed=seed,
-                temperature=1.0)
+                model=model, messages=task_prompt(topic, MAX_WORDS), max_tokens=MAX_TOKENS, seed=seed, temperature=1.0
+            )
         choice = completion.choices[0]
         return score(choice.message.content or "", choice.finish_reason, MAX_WORDS)
 
@@ -165,8 +212,9 @@ async def drive(up: Up, model_port: int, timeline: list[str]) -> tuple[float, fl
             if group == 1:
                 assert {m for m, _ in await task} == {BASE_MODEL}, "before any adapter the base model serves"
             elif promoted_then is not None:
-                task.add_done_callback(lambda t, p=promoted_then: served_after.setdefault(p, set()).update(
-                    m for m, _ in t.result()))
+                task.add_done_callback(
+                    lambda t, p=promoted_then: served_after.setdefault(p, set()).update(m for m, _ in t.result())
+                )
             if group % 8 == 0:
                 timeline.append(f"{group} groups sent at {time.monotonic() - started:.0f}s")
             await asyncio.sleep(GROUP_INTERVAL_S)  # the agent's own pace, whatever the learner does
@@ -226,8 +274,12 @@ def test_apprentice_up_learns_promotes_and_restarts(smollm2_dir: Path, tmp_path:
         assert promoted_version(restarted.url) == promoted
         # The fresh inference server got the serving adapters back before the gateway started.
         client = openai.OpenAI(base_url=restarted.url + "/v1", api_key="x")
-        served = {client.chat.completions.create(model="apprentice", messages=task_prompt(topic, MAX_WORDS),
-                                                 max_tokens=MAX_TOKENS).model for topic in EVAL_TOPICS[:6]}
+        served = {
+            client.chat.completions.create(
+                model="apprentice", messages=task_prompt(topic, MAX_WORDS), max_tokens=MAX_TOKENS
+            ).model
+            for topic in EVAL_TOPICS[:6]
+        }
         assert BASE_MODEL not in served and served <= serving_versions(restarted.url)
     finally:
         assert restarted.interrupt() == 0

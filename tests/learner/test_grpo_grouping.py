@@ -10,8 +10,17 @@ from learner.grpo.grouping import Member, completion_key, group_key, make_groups
 SYSTEM = {"role": "system", "content": "Be brief."}
 
 
-def member(tid: str, reward: float | None, *, task: str = "t1", group: str | None = None, tenant: str = "acme",
-           greedy: bool = False, answer: str | None = None, at: float = 0.0) -> Member:
+def member(
+    tid: str,
+    reward: float | None,
+    *,
+    task: str = "t1",
+    group: str | None = None,
+    tenant: str = "acme",
+    greedy: bool = False,
+    answer: str | None = None,
+    at: float = 0.0,
+) -> Member:
     return Member(tid, tenant, reward, group, task, greedy, completion_key([answer or tid]), at)
 
 
@@ -27,9 +36,14 @@ def test_task_key_is_the_messages_before_the_first_assistant_turn_and_the_tools(
 
 
 def test_client_group_id_wins_over_the_task_and_tenants_never_mix():
-    members = [member("a", 1, task="x", group="g1"), member("b", 0, task="y", group="g1"),
-               member("c", 1, task="x"), member("d", 0, task="x"),
-               member("e", 1, task="x", tenant="other"), member("f", 0, task="x", tenant="other")]
+    members = [
+        member("a", 1, task="x", group="g1"),
+        member("b", 0, task="y", group="g1"),
+        member("c", 1, task="x"),
+        member("d", 0, task="x"),
+        member("e", 1, task="x", tenant="other"),
+        member("f", 0, task="x", tenant="other"),
+    ]
     grouping = make_groups(members, min_group_size=2, now=100.0)
     groups = {tuple(m.trajectory_id for m in g.members) for g in grouping.usable}
     assert groups == {("a", "b"), ("c", "d"), ("e", "f")}
@@ -38,10 +52,16 @@ def test_client_group_id_wins_over_the_task_and_tenants_never_mix():
 
 def test_equal_rewards_greedy_and_too_small_groups_are_set_aside_and_counted():
     members = [
-        member("u1", 1, task="useful"), member("u2", 0, task="useful"), member("u3", 0.5, task="useful"),
-        member("e1", 1, task="equal"), member("e2", 1, task="equal"), member("e3", 1, task="equal"),
-        member("g1", 1, task="greedy", greedy=True), member("g2", 0, task="greedy", greedy=True),
-        member("i1", 1, task="same", answer="42"), member("i2", 0, task="same", answer="42"),
+        member("u1", 1, task="useful"),
+        member("u2", 0, task="useful"),
+        member("u3", 0.5, task="useful"),
+        member("e1", 1, task="equal"),
+        member("e2", 1, task="equal"),
+        member("e3", 1, task="equal"),
+        member("g1", 1, task="greedy", greedy=True),
+        member("g2", 0, task="greedy", greedy=True),
+        member("i1", 1, task="same", answer="42"),
+        member("i2", 0, task="same", answer="42"),
         member("s1", 1, task="small"),
     ]
     grouping = make_groups(members, min_group_size=2, now=100.0)

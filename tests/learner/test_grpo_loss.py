@@ -43,8 +43,9 @@ def test_truncated_importance_weight_for_stale_data():
     logp = t(log(0.4), log(0.4)).requires_grad_()
     old = t(log(0.4), log(0.4))
     behaviour = t(log(0.1), log(0.5))  # weights 4 (capped at 2) and 0.8
-    out = grpo_loss(logp, old, t(1.0, 1.0), t(0.5, 0.5), eps_low=0.2, eps_high=0.2, behaviour_logp=behaviour,
-                    tis_cap=2.0)
+    out = grpo_loss(
+        logp, old, t(1.0, 1.0), t(0.5, 0.5), eps_low=0.2, eps_high=0.2, behaviour_logp=behaviour, tis_cap=2.0
+    )
     assert out.tis.tolist() == pytest.approx([2.0, 0.8])
     assert out.loss.item() == pytest.approx(0.5 * -2.0 + 0.5 * -0.8)
     out.loss.backward()
@@ -67,10 +68,12 @@ def test_aggregation_weights():
     assert aggregation_weights([2, 4], "sequence") == pytest.approx([1 / 4, 1 / 8])
     assert aggregation_weights([2, 4], "dr_grpo") == pytest.approx([1 / 8, 1 / 8])
     # every trajectory's tokens sum to its share: sequence-level gives each trajectory 1/n
-    assert 2 * aggregation_weights([2, 4], "sequence")[0] == pytest.approx(4 * aggregation_weights([2, 4], "sequence")[1])
+    assert 2 * aggregation_weights([2, 4], "sequence")[0] == pytest.approx(
+        4 * aggregation_weights([2, 4], "sequence")[1]
+    )
 
 
 def test_token_logprobs_at_the_sampling_temperature():
     logits = torch.tensor([[2.0, 0.0, 0.0], [2.0, 0.0, 0.0]])
     got = token_logprobs(logits, torch.tensor([0, 0]), torch.tensor([2.0, 1.0]))
-    assert got.tolist() == pytest.approx([1 - log(math.e + 2), 2 - log(math.e ** 2 + 2)], abs=1e-6)
+    assert got.tolist() == pytest.approx([1 - log(math.e + 2), 2 - log(math.e**2 + 2)], abs=1e-6)

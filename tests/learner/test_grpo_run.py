@@ -17,31 +17,70 @@ from learner.jobs.run import LOCK_CLASS, lock_key, run_once
 
 def settings_for(database_url: str, data_dir: Path, base_model: str, **learning) -> Settings:
     learning = {"lr": 1e-3, "micro_batch_size": 4, "grad_accumulation": 2, "reward_wait_s": 0, **learning}
-    return Settings(database_url=database_url, data_dir=data_dir,
-                    policies=[{"name": "p", "base_model": base_model, "endpoints": ["http://127.0.0.1:9/v1"],
-                               "learning": learning}])
+    return Settings(
+        database_url=database_url,
+        data_dir=data_dir,
+        policies=[
+            {"name": "p", "base_model": base_model, "endpoints": ["http://127.0.0.1:9/v1"], "learning": learning}
+        ],
+    )
 
 
-def add_trajectory(db: psycopg.Connection, *, task: str, answer: list[int], reward: float | None, base_model: str,
-                   upstream_model: str | None = None, group_id: str | None = None, tenant: str = "acme",
-                   temperature: float = 1.0, version: str | None = None) -> str:
+def add_trajectory(
+    db: psycopg.Connection,
+    *,
+    task: str,
+    answer: list[int],
+    reward: float | None,
+    base_model: str,
+    upstream_model: str | None = None,
+    group_id: str | None = None,
+    tenant: str = "acme",
+    temperature: float = 1.0,
+    version: str | None = None,
+) -> str:
     trajectory = str(uuid.uuid4())
-    db.execute("INSERT INTO trajectories (id, tenant, model, policy, group_id, first_call_at, last_call_at, call_count) "
-               "VALUES (%s, %s, 'p', 'p', %s, now(), now(), 1)", (trajectory, tenant, group_id))
+    db.execute(
+        "INSERT INTO trajectories (id, tenant, model, policy, group_id, first_call_at, last_call_at, call_count) "
+        "VALUES (%s, %s, 'p', 'p', %s, now(), now(), 1)",
+        (trajectory, tenant, group_id),
+    )
     request = {"model": "p", "messages": [{"role": "user", "content": task}]}
     prompt = [1, 9, 17, 33, 2, 4] + [100 + len(task)]
-    response = {"id": "chatcmpl-x", "prompt_token_ids": prompt, "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": str(answer)}, "token_ids": answer,
-         "logprobs": {"content": [{"token": "t", "logprob": -3.0} for _ in answer]}}]}
-    db.execute("INSERT INTO calls (id, trajectory_id, tenant, model, policy, upstream_model, adapter_version_id, "
-               "created_at, status_code, request, response, temperature) "
-               "VALUES (%s, %s, %s, 'p', 'p', %s, %s, now(), 200, %s, %s, %s)",
-               (str(uuid.uuid4()), trajectory, tenant, upstream_model or base_model, version, Jsonb(request),
-                Jsonb(response), temperature))
+    response = {
+        "id": "chatcmpl-x",
+        "prompt_token_ids": prompt,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": str(answer)},
+                "token_ids": answer,
+                "logprobs": {"content": [{"token": "t", "logprob": -3.0} for _ in answer]},
+            }
+        ],
+    }
+    db.execute(
+        "INSERT INTO calls (id, trajectory_id, tenant, model, policy, upstream_model, adapter_version_id, "
+        "created_at, status_code, request, response, temperature) "
+        "VALUES (%s, %s, %s, 'p', 'p', %s, %s, now(), 200, %s, %s, %s)",
+        (
+            str(uuid.uuid4()),
+            trajectory,
+            tenant,
+            upstream_model or base_model,
+            version,
+            Jsonb(request),
+            Jsonb(response),
+            temperature,
+        ),
+    )
     if reward is not None:
-        db.execute("INSERT INTO rewards (id, tenant, target_kind, target, trajectory_id, status, linked_at, value, "
-                   "content_hash, source, observed_at) VALUES (%s, %s, 'trajectory', %s, %s, 'linked', now(), %s, "
-                   "'\\x00', 'key', now())", (str(uuid.uuid4()), tenant, trajectory, trajectory, reward))
+        db.execute(
+            "INSERT INTO rewards (id, tenant, target_kind, target, trajectory_id, status, linked_at, value, "
+            "content_hash, source, observed_at) VALUES (%s, %s, 'trajectory', %s, %s, 'linked', now(), %s, "
+            "'\\x00', 'key', now())",
+            (str(uuid.uuid4()), tenant, trajectory, trajectory, reward),
+        )
     return trajectory
 
 
@@ -58,15 +97,21 @@ def populate(db, base) -> dict[str, list[str]]:
         ids["equal"].append(add_trajectory(db, task="task B", answer=[70 + i, 2], reward=1.0, base_model=base))
     ids["small"].append(add_trajectory(db, task="task C", answer=[80, 2], reward=1.0, base_model=base))
     for i, reward in enumerate([1.0, 0.0]):
-        ids["foreign"].append(add_trajectory(db, task="task D", answer=[90 + i, 2], reward=reward, base_model=base,
-                                             upstream_model="gpt-4o"))
+        ids["foreign"].append(
+            add_trajectory(
+                db, task="task D", answer=[90 + i, 2], reward=reward, base_model=base, upstream_model="gpt-4o"
+            )
+        )
     add_trajectory(db, task="task A", answer=[99, 2], reward=None, base_model=base)  # unrewarded: not used
     return ids
 
 
 def trained(db, ids: list[str]) -> list[str | None]:
-    rows = dict(db.execute("SELECT id::text, trained_in_run_id::text FROM trajectories WHERE id = ANY(%s::uuid[])",
-                           (ids,)).fetchall())
+    rows = dict(
+        db.execute(
+            "SELECT id::text, trained_in_run_id::text FROM trajectories WHERE id = ANY(%s::uuid[])", (ids,)
+        ).fetchall()
+    )
     return [rows[i] for i in ids]
 
 
@@ -74,24 +119,48 @@ def test_a_run_records_a_candidate_and_marks_what_it_used(database_url, db, base
     ids = populate(db, base)
     outcome = run_once(settings_for(database_url, tmp_path, base), "p")
     assert outcome.status == "succeeded", outcome.error
-    version = db.execute("SELECT id::text, name, status, version, path, base_model, rank, training_run_id::text, "
-                         "parent_version_id FROM adapter_versions").fetchall()
+    version = db.execute(
+        "SELECT id::text, name, status, version, path, base_model, rank, training_run_id::text, "
+        "parent_version_id FROM adapter_versions"
+    ).fetchall()
     assert len(version) == 1
     vid, name, status, number, path, base_model, rank, run_id, parent = version[0]
     assert (name, status, number, base_model, rank, parent) == ("p-v1", "candidate", 1, base, 8, None)
     assert run_id == outcome.run_id and vid == outcome.version_id
     config = json.loads((Path(path) / "adapter_config.json").read_text())
-    assert config["r"] == 8 and not config.get("modules_to_save") and (Path(path) / "adapter_model.safetensors").exists()
-    assert db.execute("SELECT from_status, to_status, actor FROM adapter_transitions").fetchall() == \
-        [(None, "candidate", "auto")]
+    assert (
+        config["r"] == 8 and not config.get("modules_to_save") and (Path(path) / "adapter_model.safetensors").exists()
+    )
+    assert db.execute("SELECT from_status, to_status, actor FROM adapter_transitions").fetchall() == [
+        (None, "candidate", "auto")
+    ]
     assert trained(db, ids["useful"]) == [run_id] * 4
     assert trained(db, ids["equal"]) == [run_id] * 3, "set aside: no signal, consumed"
     assert trained(db, ids["small"]) == [None] and trained(db, ids["foreign"]) == [None, None]
-    run = db.execute("SELECT status, produced_version_id::text, trajectories, groups, groups_equal_rewards, "
-                     "groups_greedy, samples, tokens, loss, mean_reward, mean_advantage, kl, clip_fraction, "
-                     "duration_s, code_version, config, metrics FROM training_runs").fetchone()
-    (status, produced, n_traj, groups, equal, greedy, samples, tokens, loss, mean_reward, mean_adv, kl, clip,
-     duration, code, config_json, metrics) = run
+    run = db.execute(
+        "SELECT status, produced_version_id::text, trajectories, groups, groups_equal_rewards, "
+        "groups_greedy, samples, tokens, loss, mean_reward, mean_advantage, kl, clip_fraction, "
+        "duration_s, code_version, config, metrics FROM training_runs"
+    ).fetchone()
+    (
+        status,
+        produced,
+        n_traj,
+        groups,
+        equal,
+        greedy,
+        samples,
+        tokens,
+        loss,
+        mean_reward,
+        mean_adv,
+        kl,
+        clip,
+        duration,
+        code,
+        config_json,
+        metrics,
+    ) = run
     assert (status, produced, n_traj, groups, equal, greedy, samples) == ("succeeded", vid, 4, 1, 1, 0, 4)
     assert tokens == 12 and mean_reward == 0.5 and mean_adv == pytest.approx(0.866, abs=1e-3)
     assert loss is not None and kl is not None and 0 <= clip <= 1 and duration > 0
@@ -108,12 +177,18 @@ def test_a_run_continues_from_the_promoted_version_and_trains_on_its_data(databa
     first = run_once(settings_for(database_url, tmp_path, base), "p")
     db.execute("UPDATE adapter_versions SET status = 'promoted'")
     # served by the promoted adapter under its LoRA name (the gateway's routing records the id too)
-    fresh = [add_trajectory(db, task="task E", answer=[40 + i, 2], reward=float(i % 2), base_model=base,
-                            upstream_model="p-v1") for i in range(4)]
+    fresh = [
+        add_trajectory(
+            db, task="task E", answer=[40 + i, 2], reward=float(i % 2), base_model=base, upstream_model="p-v1"
+        )
+        for i in range(4)
+    ]
     second = run_once(settings_for(database_url, tmp_path, base), "p")
     assert second.status == "succeeded", second.error
-    parent, run_from = db.execute("SELECT v.parent_version_id::text, r.from_version_id::text FROM adapter_versions v "
-                                  "JOIN training_runs r ON r.id = v.training_run_id WHERE v.name = 'p-v2'").fetchone()
+    parent, run_from = db.execute(
+        "SELECT v.parent_version_id::text, r.from_version_id::text FROM adapter_versions v "
+        "JOIN training_runs r ON r.id = v.training_run_id WHERE v.name = 'p-v2'"
+    ).fetchone()
     assert parent == first.version_id == run_from
     assert trained(db, fresh) == [second.run_id] * 4
 
@@ -127,8 +202,9 @@ def test_one_learner_per_policy_the_advisory_lock(database_url, db, base, tmp_pa
     assert db.execute("SELECT count(*) FROM training_runs").fetchone()[0] == 0
 
 
-def test_a_run_that_fails_before_its_commit_leaves_nothing_and_the_next_run_retries(database_url, db, base, tmp_path,
-                                                                                   monkeypatch):
+def test_a_run_that_fails_before_its_commit_leaves_nothing_and_the_next_run_retries(
+    database_url, db, base, tmp_path, monkeypatch
+):
     ids = populate(db, base)
     db.execute("INSERT INTO training_runs (id, policy, status) VALUES (%s, 'p', 'running')", (str(uuid.uuid4()),))
     real_mark = run_module._mark
@@ -197,9 +273,16 @@ def test_apprentice_learn_runs_once(database_url, db, base, tmp_path):
 
     populate(db, base)
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(json.loads(settings_for(database_url, tmp_path, base).model_dump_json(
-        include={"database_url", "data_dir", "policies"}))))
+    config.write_text(
+        yaml.safe_dump(
+            json.loads(
+                settings_for(database_url, tmp_path, base).model_dump_json(
+                    include={"database_url", "data_dir", "policies"}
+                )
+            )
+        )
+    )
     result = CliRunner().invoke(learn_command, ["--config", str(config), "--policy", "p", "--no-progress"])
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output[result.output.index("{"):])
+    summary = json.loads(result.output[result.output.index("{") :])
     assert summary["status"] == "succeeded" and summary["version"] == "p-v1" and summary["groups"]["usable"] == 1

@@ -23,10 +23,13 @@ TOOL_TEMPLATE = (
     "{% if m['content'] %}{{ m['content'] }}{% endif %}"
     "{% if m.get('tool_calls') %}{% for c in m['tool_calls'] %}<tool_call>{{ c['function']['name'] }}"
     "({{ c['function']['arguments'] | tojson }})</tool_call>{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # Not prefix-preserving: the generation prompt opens a block that rendered answers do not have.
-THINK_TEMPLATE = TOOL_TEMPLATE.replace("{% if add_generation_prompt %}<|im_start|>assistant\n",
-                                       "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n")
+THINK_TEMPLATE = TOOL_TEMPLATE.replace(
+    "{% if add_generation_prompt %}<|im_start|>assistant\n",
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n",
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,24 +43,37 @@ def response(prompt_ids, completions, logprobs=None, contents=None):
     choices = []
     for i, ids in enumerate(completions):
         lps = logprobs[i] if logprobs else [-0.5] * len(ids)
-        choices.append({"index": i, "message": {"role": "assistant", "content": (contents or ["x"] * 9)[i]},
-                        "token_ids": ids, "logprobs": {"content": [{"token": "t", "logprob": lp} for lp in lps]}})
+        choices.append(
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": (contents or ["x"] * 9)[i]},
+                "token_ids": ids,
+                "logprobs": {"content": [{"token": "t", "logprob": lp} for lp in lps]},
+            }
+        )
     return {"prompt_token_ids": prompt_ids, "choices": choices}
 
 
 def test_exact_ids_single_turn_mask_and_behaviour_logprobs():
-    call = parse_call({"messages": [{"role": "user", "content": "hi"}]},
-                      response([1, 2, 3], [[7, 8, 2]], [[-0.1, -0.2, -0.3]]), temperature=0.7, version=None)
+    call = parse_call(
+        {"messages": [{"role": "user", "content": "hi"}]},
+        response([1, 2, 3], [[7, 8, 2]], [[-0.1, -0.2, -0.3]]),
+        temperature=0.7,
+        version=None,
+    )
     [segment] = trajectory_segments(None, [call])
     assert segment.input_ids == [1, 2, 3, 7, 8, 2]
     assert segment.loss_mask == [False, False, False, True, True, True]
-    assert segment.behaviour_logprobs[3:] == [-0.1, -0.2, -0.3] and all(math.isnan(v) for v in segment.behaviour_logprobs[:3])
+    assert segment.behaviour_logprobs[3:] == [-0.1, -0.2, -0.3] and all(
+        math.isnan(v) for v in segment.behaviour_logprobs[:3]
+    )
     assert segment.temperature == 0.7 and segment.loss_tokens == 3
 
 
 def test_exact_ids_multi_turn_merges_into_one_sequence_that_masks_only_assistant_turns():
-    turn1 = parse_call({"messages": [{"role": "user", "content": "a"}]}, response([1, 2], [[5, 6, 2]], [[-1, -2, -3]]),
-                       1.0, None)
+    turn1 = parse_call(
+        {"messages": [{"role": "user", "content": "a"}]}, response([1, 2], [[5, 6, 2]], [[-1, -2, -3]]), 1.0, None
+    )
     # the next prompt = previous prompt + answer + a tool result / user turn (tokens 9, 9)
     turn2 = parse_call({"messages": []}, response([1, 2, 5, 6, 2, 9, 9], [[7, 2]], [[-4, -5]]), 1.0, None)
     [segment] = trajectory_segments(None, [turn1, turn2])
@@ -92,8 +108,9 @@ def test_template_path_single_turn_matches_what_the_server_renders(tokenizer):
     messages = [{"role": "user", "content": "Say hi."}]
     call = CallRecord(messages=messages, tools=None, answer={"role": "assistant", "content": "Hi there!"})
     tokens = template_call_tokens(tokenizer, call)
-    served = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
-                       add_special_tokens=False)["input_ids"]
+    served = tokenizer(
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )["input_ids"]
     assert tokens.prompt_ids == served, "the prompt is exactly what the inference server would have seen"
     assert tokenizer.decode(tokens.completion_ids) == "Hi there!<|im_end|>", "ends at the sampled end-of-turn token"
     assert tokens.logprobs is None
@@ -104,8 +121,13 @@ def test_template_path_multi_turn_with_tool_calls_masks_every_assistant_turn_and
     tokenizer.chat_template = TOOL_TEMPLATE
     tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
     call_1 = [{"role": "user", "content": "Weather in Oslo?"}]
-    tool_call = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": json.dumps({"city": "Oslo"})}}]}
+    tool_call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": json.dumps({"city": "Oslo"})}}
+        ],
+    }
     call_2 = call_1 + [tool_call, {"role": "tool", "tool_call_id": "c1", "content": "-3C, snow"}]
     final = {"role": "assistant", "content": "Cold and snowy."}
     calls = [CallRecord(call_1, tools, tool_call), CallRecord(call_2, tools, final)]

@@ -37,16 +37,19 @@ def segment(prompt: list[int], completion: list[int], temperature: float = 1.0) 
 def toy_samples() -> list[TrainSample]:
     prompt = [1, 20, 30, 40]
     good, bad = [100, 101, 102, 2], [200, 201, 2]
-    return [TrainSample("g1", 1.0, 1.0, [segment(prompt, good)]), TrainSample("b1", 0.0, -1.0, [segment(prompt, bad)]),
-            TrainSample("g2", 1.0, 1.0, [segment(prompt, good, 0.7)]),
-            TrainSample("b2", 0.0, -1.0, [segment(prompt, bad, 0.7)])]
+    return [
+        TrainSample("g1", 1.0, 1.0, [segment(prompt, good)]),
+        TrainSample("b1", 0.0, -1.0, [segment(prompt, bad)]),
+        TrainSample("g2", 1.0, 1.0, [segment(prompt, good, 0.7)]),
+        TrainSample("b2", 0.0, -1.0, [segment(prompt, bad, 0.7)]),
+    ]
 
 
 def sequence_logprob(model, ids: list[int], start: int) -> float:
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids])).logits[0]
     logp = torch.log_softmax(logits[:-1].float(), -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
-    return float(logp[start - 1:].sum())
+    return float(logp[start - 1 :].sum())
 
 
 def test_training_moves_probability_towards_the_better_answer(tiny_peft):
@@ -98,8 +101,11 @@ def test_saved_adapter_is_vllm_loadable_and_the_local_server_accepts_it(tiny_pef
     config = check_vllm_format(path)
     assert config["r"] == 8 and not config.get("modules_to_save")
     assert config["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert sorted(p.name for p in path.iterdir()) == ["README.md", "adapter_config.json", "adapter_model.safetensors"] \
-        or sorted(p.name for p in path.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ] or sorted(p.name for p in path.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     assert not list(tmp_path.glob(".tmp-*"))
     manager = LoraManager(AutoModelForCausalLM.from_pretrained(tiny_model_dir), max_lora_rank=8)
     assert manager.check("p-v1", str(path))[1] == 8
@@ -111,12 +117,20 @@ def test_the_trainer_scores_tokens_exactly_as_the_server_sampled_them(tiny_serve
     """Recorded logprobs (processed, at the call's temperature) match the trainer's: behaviour_gap ~ 0."""
     client = tiny_server.client()
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": "Count to five."}], max_tokens=12, temperature=0.7,
-        seed=3, logprobs=True, extra_body={"return_token_ids": True})
+        model="tiny",
+        messages=[{"role": "user", "content": "Count to five."}],
+        max_tokens=12,
+        temperature=0.7,
+        seed=3,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
     answer = json.loads(raw.text)
     call = parse_call({"messages": [{"role": "user", "content": "Count to five."}]}, answer, 0.7, None)
-    samples = [TrainSample("a", 1.0, 1.0, trajectory_segments(None, [call])),
-               TrainSample("b", 0.0, -1.0, trajectory_segments(None, [call]))]
+    samples = [
+        TrainSample("a", 1.0, 1.0, trajectory_segments(None, [call])),
+        TrainSample("b", 0.0, -1.0, trajectory_segments(None, [call])),
+    ]
     for mode in ("recompute", "recorded"):
         # lr 0 (below what LearningSettings accepts): the shared model stays the same for the second mode
         trainer = GRPOTrainer(tiny_peft, replace(trainer_config(old_logprobs=mode), lr=0.0), fresh=True)
@@ -127,8 +141,9 @@ def test_the_trainer_scores_tokens_exactly_as_the_server_sampled_them(tiny_serve
         assert result.tis_mean == pytest.approx(1.0, abs=1e-2)
 
 
-def test_behaviour_logprobs_are_recomputed_with_the_version_that_served(tiny_peft, tiny_model_dir, tmp_path,
-                                                                         adapter_factory):
+def test_behaviour_logprobs_are_recomputed_with_the_version_that_served(
+    tiny_peft, tiny_model_dir, tmp_path, adapter_factory
+):
     old_version = adapter_factory(tiny_model_dir, seed=5, rank=8)
     samples = toy_samples()
     for sample in samples:

@@ -18,13 +18,21 @@ def base(tiny_model_dir) -> str:
 
 def group(db: psycopg.Connection, base: str, task: str, version: str | None = None) -> list[str]:
     """Four rewarded answers to one task (rewards 1, 0, 1, 0), sampled by `version` (None: the base model)."""
-    return [add_trajectory(db, task=task, answer=[40 + i, 50 + len(task), 2], reward=float((i + 1) % 2),
-                           base_model=base, version=version) for i in range(4)]
+    return [
+        add_trajectory(
+            db,
+            task=task,
+            answer=[40 + i, 50 + len(task), 2],
+            reward=float((i + 1) % 2),
+            base_model=base,
+            version=version,
+        )
+        for i in range(4)
+    ]
 
 
 def parent_of(db: psycopg.Connection, version_id: str) -> str | None:
-    return db.execute("SELECT parent_version_id::text FROM adapter_versions WHERE id = %s",
-                      (version_id,)).fetchone()[0]
+    return db.execute("SELECT parent_version_id::text FROM adapter_versions WHERE id = %s", (version_id,)).fetchone()[0]
 
 
 def lora_weights(trainer: PolicyTrainer) -> list:
@@ -45,13 +53,16 @@ def test_consecutive_runs_form_a_chain_in_one_trainer(database_url, db, base, tm
     second = run_once(settings, "p", trainer=trainer)
     assert second.status == "succeeded", second.error
     assert parent_of(db, second.version_id) == first.version_id, "v2 continues v1, not the base model"
-    assert db.execute("SELECT from_version_id::text FROM training_runs WHERE id = %s",
-                      (second.run_id,)).fetchone()[0] == first.version_id
+    assert (
+        db.execute("SELECT from_version_id::text FROM training_runs WHERE id = %s", (second.run_id,)).fetchone()[0]
+        == first.version_id
+    )
     assert trained(db, fresh) == [second.run_id] * 4
     assert second.metrics["start"] == "continued" and not second.metrics["base_model_loaded"]
     assert (trainer.base_loads, trainer.adapter_loads) == (1, 1), "the model was loaded once for both runs"
-    assert trainer.optimizer_steps() == steps_after_first + second.metrics["train"]["optimizer_steps"], \
+    assert trainer.optimizer_steps() == steps_after_first + second.metrics["train"]["optimizer_steps"], (
         "AdamW's state carried over: its step count keeps growing"
+    )
     assert trainer.version == second.version_id
 
 
@@ -67,8 +78,9 @@ def test_a_nan_run_leaves_the_trainer_as_it_was(database_url, db, base, tmp_path
     aborted = run_once(settings, "p", trainer=trainer)
     assert aborted.status == "aborted" and trained(db, ids) == [None] * 4
     assert trainer.version == first.version_id and trainer.optimizer_steps() == steps
-    assert all(bool((a == b).all()) for a, b in zip(before, lora_weights(trainer), strict=True)), \
+    assert all(bool((a == b).all()) for a, b in zip(before, lora_weights(trainer), strict=True)), (
         "the pre-run LoRA weights are back"
+    )
 
     monkeypatch.setattr(run_module, "group_advantages", real)
     retry = run_once(settings, "p", trainer=trainer)
@@ -76,8 +88,7 @@ def test_a_nan_run_leaves_the_trainer_as_it_was(database_url, db, base, tmp_path
     assert parent_of(db, retry.version_id) == first.version_id and trained(db, ids) == [retry.run_id] * 4
 
 
-def test_after_the_lineage_is_rejected_the_next_run_starts_from_the_promoted_version(database_url, db, base,
-                                                                                     tmp_path):
+def test_after_the_lineage_is_rejected_the_next_run_starts_from_the_promoted_version(database_url, db, base, tmp_path):
     settings = settings_for(database_url, tmp_path, base)
     trainer = PolicyTrainer(settings.policies[0])
     populate(db, base)
@@ -91,8 +102,9 @@ def test_after_the_lineage_is_rejected_the_next_run_starts_from_the_promoted_ver
     assert v3.metrics["start"] == "continued" and trainer.adapter_loads == 1
 
     # the promotion job's verdict on a losing canary: every lineage version is rejected
-    db.execute("UPDATE adapter_versions SET status = 'rejected' WHERE id = ANY(%s::uuid[])",
-               ([v2.version_id, v3.version_id],))
+    db.execute(
+        "UPDATE adapter_versions SET status = 'rejected' WHERE id = ANY(%s::uuid[])", ([v2.version_id, v3.version_id],)
+    )
     off_lineage = group(db, base, "task G", version=v3.version_id)
     on_lineage = group(db, base, "task H", version=v1.version_id)
     v4 = run_once(settings, "p", trainer=trainer)

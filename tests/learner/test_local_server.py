@@ -48,8 +48,14 @@ def test_plain_completion_with_token_ids(tiny_server, tiny_model_dir):
 
 def test_stream_sends_the_same_tokens(tiny_server):
     whole = chat(tiny_server, temperature=0, max_tokens=10, extra_body={"return_token_ids": True})
-    stream = chat(tiny_server, temperature=0, max_tokens=10, stream=True, stream_options={"include_usage": True},
-                  extra_body={"return_token_ids": True})
+    stream = chat(
+        tiny_server,
+        temperature=0,
+        max_tokens=10,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"return_token_ids": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[0].prompt_token_ids == whole.prompt_token_ids
@@ -66,15 +72,23 @@ def test_logprobs_match_a_forward_pass(tiny_server, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     temperature = 0.7
-    response = chat(tiny_server, temperature=temperature, top_p=0.95, max_tokens=12, seed=3, logprobs=True,
-                    top_logprobs=3, extra_body={"return_token_ids": True})
+    response = chat(
+        tiny_server,
+        temperature=temperature,
+        top_p=0.95,
+        max_tokens=12,
+        seed=3,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"return_token_ids": True},
+    )
     choice = response.choices[0]
     entries = choice.logprobs.content
     assert len(entries) == len(choice.token_ids) == 12
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     ids = torch.tensor([response.prompt_token_ids + choice.token_ids])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(response.prompt_token_ids) - 1:-1]
+        logits = model(ids).logits[0, len(response.prompt_token_ids) - 1 : -1]
     expected = torch.log_softmax(logits / temperature, dim=-1)
     sampled = expected.gather(1, torch.tensor(choice.token_ids).unsqueeze(-1)).squeeze(-1)
     reported = torch.tensor([e.logprob for e in entries])
@@ -100,23 +114,31 @@ def test_n_and_seed(tiny_server):
 
 def test_stop_string_cuts_the_text(tiny_server):
     greedy = chat(tiny_server, temperature=0, max_tokens=12).choices[0].message.content
-    stop = greedy[len(greedy) // 2:len(greedy) // 2 + 3]
+    stop = greedy[len(greedy) // 2 : len(greedy) // 2 + 3]
     response = chat(tiny_server, temperature=0, max_tokens=12, stop=[stop])
     choice = response.choices[0]
     assert choice.finish_reason == "stop" and choice.stop_reason == stop
-    assert choice.message.content == greedy[:greedy.index(stop)]
+    assert choice.message.content == greedy[: greedy.index(stop)]
 
 
 def test_tools_go_through_the_chat_template(tiny_server):
-    template = ("{% if tools %}<tools>{% for t in tools %}{{ t.function.name }}{% endfor %}</tools>{% endif %}"
-                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    template = (
+        "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }}{% endfor %}</tools>{% endif %}"
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
+    )
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    with_tools = chat(tiny_server, temperature=0, max_tokens=1, tools=tools,
-                      extra_body={"return_token_ids": True, "chat_template": template})
-    without = chat(tiny_server, temperature=0, max_tokens=1,
-                   extra_body={"return_token_ids": True, "chat_template": template})
+    with_tools = chat(
+        tiny_server,
+        temperature=0,
+        max_tokens=1,
+        tools=tools,
+        extra_body={"return_token_ids": True, "chat_template": template},
+    )
+    without = chat(
+        tiny_server, temperature=0, max_tokens=1, extra_body={"return_token_ids": True, "chat_template": template}
+    )
     grown = len(with_tools.prompt_token_ids) - len(without.prompt_token_ids)
-    assert grown > 3 and with_tools.prompt_token_ids[-len(without.prompt_token_ids):] == without.prompt_token_ids
+    assert grown > 3 and with_tools.prompt_token_ids[-len(without.prompt_token_ids) :] == without.prompt_token_ids
 
 
 def test_errors_look_like_vllm(tiny_server):
@@ -141,8 +163,13 @@ async def test_concurrent_requests_are_batched_and_do_not_block(tiny_server):
 
     async def one(seed: int):
         return await client.chat.completions.create(
-            model="tiny", messages=MESSAGES, max_tokens=24, temperature=1.0, seed=seed,
-            extra_body={"return_token_ids": True})
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=24,
+            temperature=1.0,
+            seed=seed,
+            extra_body={"return_token_ids": True},
+        )
 
     solo = await one(5)
     tasks = [asyncio.create_task(one(seed)) for seed in range(8)]

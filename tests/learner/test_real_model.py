@@ -30,12 +30,19 @@ def test_fetch_model_is_idempotent(smollm2_dir):
 def test_smollm2_answers_and_refuses_a_foreign_adapter(smollm2_dir, tiny_model_dir, adapter_factory):
     with run_server(smollm2_dir, served_model_name="HuggingFaceTB/SmolLM2-135M-Instruct") as server:
         client = server.client()
-        ask = dict(model="HuggingFaceTB/SmolLM2-135M-Instruct", temperature=0, max_tokens=10,
-                   messages=[{"role": "user", "content": "What is the capital of France?"}])
+        ask = dict(
+            model="HuggingFaceTB/SmolLM2-135M-Instruct",
+            temperature=0,
+            max_tokens=10,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        )
         assert "Paris" in client.chat.completions.create(**ask).choices[0].message.content
         # an adapter trained on the tiny model: right architecture, wrong base
-        answer = httpx.post(f"{server.base_url}/v1/load_lora_adapter", timeout=60,
-                            json={"lora_name": "tiny-lora", "lora_path": str(adapter_factory(tiny_model_dir))})
+        answer = httpx.post(
+            f"{server.base_url}/v1/load_lora_adapter",
+            timeout=60,
+            json={"lora_name": "tiny-lora", "lora_path": str(adapter_factory(tiny_model_dir))},
+        )
         assert answer.status_code == 400 and "shape mismatch" in answer.json()["error"]["message"]
         assert "Paris" in client.chat.completions.create(**ask).choices[0].message.content
 
@@ -44,9 +51,23 @@ def test_serve_model_command(tiny_model_dir):
     """`apprentice serve-model` in its own process, with an API key as vLLM's --api-key."""
     port = free_port()
     env = {**os.environ, "VLLM_API_KEY": "sekret"}
-    process = subprocess.Popen([sys.executable, "-m", "apprentice.cli", "serve-model", "--model", str(tiny_model_dir),
-                                "--port", str(port), "--log-level", "warning"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "apprentice.cli",
+            "serve-model",
+            "--model",
+            str(tiny_model_dir),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60

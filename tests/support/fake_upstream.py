@@ -59,8 +59,7 @@ def _token_logprobs(tokens: list[str], top: int) -> dict[str, Any]:
     for i, token in enumerate(tokens):
         entry: dict[str, Any] = {"token": token, "logprob": -0.1 * (i % 5), "bytes": list(token.encode())}
         entry["top_logprobs"] = [
-            {"token": token if k == 0 else f"alt{k}", "logprob": -0.1 * (i % 5) - k, "bytes": None}
-            for k in range(top)
+            {"token": token if k == 0 else f"alt{k}", "logprob": -0.1 * (i % 5) - k, "bytes": None} for k in range(top)
         ]
         content.append(entry)
     return {"content": content, "refusal": None}
@@ -96,8 +95,9 @@ class FakeUpstream:
         return app
 
     async def list_requests(self, request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps({"requests": self.requests, "headers": self.headers}),
-                            content_type="application/json")
+        return web.Response(
+            body=orjson.dumps({"requests": self.requests, "headers": self.headers}), content_type="application/json"
+        )
 
     async def clear_requests(self, request: web.Request) -> web.Response:
         self.requests.clear()
@@ -113,8 +113,12 @@ class FakeUpstream:
         inputs = body.get("input")
         inputs = inputs if isinstance(inputs, list) else [inputs]
         data = [{"object": "embedding", "index": i, "embedding": [0.1 * (i + 1), 0.2, 0.3]} for i in range(len(inputs))]
-        answer = {"object": "list", "data": data, "model": body.get("model"),
-                  "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)}}
+        answer = {
+            "object": "list",
+            "data": data,
+            "model": body.get("model"),
+            "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)},
+        }
         return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -130,7 +134,9 @@ class FakeUpstream:
         model = str(body.get("model", ""))
         if model.startswith("fail-"):
             status = int(model.split("-", 1)[1])
-            return _error(status, f"fake upstream failure {status}", "server_error" if status >= 500 else "invalid_request_error")
+            return _error(
+                status, f"fake upstream failure {status}", "server_error" if status >= 500 else "invalid_request_error"
+            )
         if model.startswith("slow-"):
             await asyncio.sleep(int(model.split("-", 1)[1]) / 1000)
         if not isinstance(body.get("messages"), list):
@@ -143,7 +149,11 @@ class FakeUpstream:
 
     def _usage(self, body: dict[str, Any], n: int) -> dict[str, int]:
         prompt = sum(len(str(m.get("content") or "").split()) + 3 for m in body["messages"])
-        return {"prompt_tokens": prompt, "completion_tokens": ANSWER_WORDS * n, "total_tokens": prompt + ANSWER_WORDS * n}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": ANSWER_WORDS * n,
+            "total_tokens": prompt + ANSWER_WORDS * n,
+        }
 
     def _complete(self, body: dict[str, Any], completion_id: str) -> dict[str, Any]:
         n = int(body.get("n") or 1)
@@ -155,16 +165,19 @@ class FakeUpstream:
             if _wants_tool(body):
                 message = {"role": "assistant", "content": None, "tool_calls": [_tool_call(body, index)]}
                 finish = "tool_calls"
-            choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish,
-                                      "logprobs": None}
+            choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish, "logprobs": None}
             if body.get("logprobs"):
                 choice["logprobs"] = _token_logprobs(words, int(body.get("top_logprobs") or 0))
             if body.get("return_token_ids"):
                 choice["token_ids"] = [100 + i for i in range(len(words))]
             choices.append(choice)
         answer: dict[str, Any] = {
-            "id": completion_id, "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model"), "choices": choices, "usage": self._usage(body, n),
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": choices,
+            "usage": self._usage(body, n),
             "system_fingerprint": "fp_fake",
         }
         if body.get("return_token_ids"):
@@ -178,8 +191,13 @@ class FakeUpstream:
         shape = body.get("fake_stream") or {}
         chunks = int(shape.get("chunks") or request.headers.get("X-Fake-Chunks", DEFAULT_CHUNKS))
         created = int(time.time())
-        base = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                "model": body.get("model"), "system_fingerprint": "fp_fake"}
+        base = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": body.get("model"),
+            "system_fingerprint": "fp_fake",
+        }
         if body.get("stream_options", {}).get("include_usage"):
             base["usage"] = None
         end = b"\r\n\r\n" if shape.get("line_ending") == "crlf" else b"\n\n"
@@ -192,25 +210,63 @@ class FakeUpstream:
                 await asyncio.sleep(delay_s)
 
         for index in range(n):
-            await send([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+            await send(
+                [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
         for index in range(n):
             if _wants_tool(body):
                 call = _tool_call(body, index)
                 arguments = call["function"]["arguments"]
                 half = len(arguments) // 2
-                await send([{"index": index, "delta": {"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
-                             "function": {"name": call["function"]["name"], "arguments": arguments[:half]}}]},
-                             "logprobs": None, "finish_reason": None}])
-                await send([{"index": index, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]},
-                             "logprobs": None, "finish_reason": None}])
+                await send(
+                    [
+                        {
+                            "index": index,
+                            "delta": {
+                                "tool_calls": [
+                                    {
+                                        "index": 0,
+                                        "id": call["id"],
+                                        "type": "function",
+                                        "function": {"name": call["function"]["name"], "arguments": arguments[:half]},
+                                    }
+                                ]
+                            },
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
+                await send(
+                    [
+                        {
+                            "index": index,
+                            "delta": {"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
                 await send([{"index": index, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}])
                 continue
             words = _answer_words(body, index)
             per_chunk = max(1, -(-len(words) // chunks))
             for start in range(0, len(words), per_chunk):
-                piece = words[start:start + per_chunk]
+                piece = words[start : start + per_chunk]
                 text = (" " if start else "") + " ".join(piece)
-                choice: dict[str, Any] = {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+                choice: dict[str, Any] = {
+                    "index": index,
+                    "delta": {"content": text},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
                 if body.get("logprobs"):
                     choice["logprobs"] = _token_logprobs(piece, int(body.get("top_logprobs") or 0))
                 if body.get("return_token_ids"):

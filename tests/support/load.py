@@ -71,6 +71,7 @@ class LoadRunner:
                 await asyncio.sleep(0.05)
 
     async def _main(self) -> None:
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=10.0,
-                                     headers={"Authorization": f"Bearer {self.api_key}"}) as client:
+        async with httpx.AsyncClient(
+            base_url=self.base_url, timeout=10.0, headers={"Authorization": f"Bearer {self.api_key}"}
+        ) as client:
             await asyncio.gather(*(self._worker(client, w) for w in range(self.concurrency)))

@@ -12,17 +12,28 @@ from apprentice.processes import ManagedProcess, ProcessFailed, free_port, wait_
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["REPO_ROOT", "FakeUpstreamProcess", "GatewayProcess", "ManagedProcess", "ModelServerProcess",
-           "ProcessFailed", "free_port", "wait_http"]
+__all__ = [
+    "REPO_ROOT",
+    "FakeUpstreamProcess",
+    "GatewayProcess",
+    "ManagedProcess",
+    "ModelServerProcess",
+    "ProcessFailed",
+    "free_port",
+    "wait_http",
+]
 
 
 class FakeUpstreamProcess(ManagedProcess):
     def __init__(self, workdir: Path) -> None:
         self.port = free_port()
-        super().__init__("fake upstream", [sys.executable, "-m", "tests.support.fake_upstream", "--port",
-                                           str(self.port)],
-                         workdir / f"fake-upstream-{self.port}.log", cwd=REPO_ROOT,
-                         ready_url=f"http://127.0.0.1:{self.port}/v1/models")
+        super().__init__(
+            "fake upstream",
+            [sys.executable, "-m", "tests.support.fake_upstream", "--port", str(self.port)],
+            workdir / f"fake-upstream-{self.port}.log",
+            cwd=REPO_ROOT,
+            ready_url=f"http://127.0.0.1:{self.port}/v1/models",
+        )
 
     @property
     def api_base(self) -> str:
@@ -36,16 +47,38 @@ class FakeUpstreamProcess(ManagedProcess):
 class GatewayProcess(ManagedProcess):
     """`apprentice gateway` with a config file written from a dict."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any], *, workers: int = 1, port: int | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        config: dict[str, Any],
+        *,
+        workers: int = 1,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.workdir = workdir
         self.config = config
         self.config_path = workdir / f"gateway-{self.port}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
-        super().__init__("gateway", [sys.executable, "-m", "apprentice.cli", "gateway", "--config",
-                                     str(self.config_path), "--port", str(self.port), "--workers", str(workers)],
-                         workdir / f"gateway-{self.port}.log", env=env, cwd=REPO_ROOT)
+        super().__init__(
+            "gateway",
+            [
+                sys.executable,
+                "-m",
+                "apprentice.cli",
+                "gateway",
+                "--config",
+                str(self.config_path),
+                "--port",
+                str(self.port),
+                "--workers",
+                str(workers),
+            ],
+            workdir / f"gateway-{self.port}.log",
+            env=env,
+            cwd=REPO_ROOT,
+        )
 
     @property
     def url(self) -> str:
@@ -66,16 +99,34 @@ class GatewayProcess(ManagedProcess):
 class ModelServerProcess(ManagedProcess):
     """`apprentice serve-model` (the local inference server) on a free port."""
 
-    def __init__(self, workdir: Path, model_dir: Path, served_name: str, *extra_args: str,
-                 start_timeout: float = 180.0) -> None:
+    def __init__(
+        self, workdir: Path, model_dir: Path, served_name: str, *extra_args: str, start_timeout: float = 180.0
+    ) -> None:
         self.port = free_port()
         self.start_timeout = start_timeout
-        super().__init__("local inference server",
-                         [sys.executable, "-m", "apprentice.cli", "serve-model", "--model", str(model_dir),
-                          "--served-model-name", served_name, "--port", str(self.port), "--max-lora-rank", "8",
-                          "--log-level", "warning", *extra_args],
-                         workdir / f"serve-model-{self.port}.log", cwd=REPO_ROOT,
-                         ready_url=f"http://127.0.0.1:{self.port}/health")
+        super().__init__(
+            "local inference server",
+            [
+                sys.executable,
+                "-m",
+                "apprentice.cli",
+                "serve-model",
+                "--model",
+                str(model_dir),
+                "--served-model-name",
+                served_name,
+                "--port",
+                str(self.port),
+                "--max-lora-rank",
+                "8",
+                "--log-level",
+                "warning",
+                *extra_args,
+            ],
+            workdir / f"serve-model-{self.port}.log",
+            cwd=REPO_ROOT,
+            ready_url=f"http://127.0.0.1:{self.port}/health",
+        )
 
     @property
     def api_base(self) -> str:

@@ -54,6 +54,7 @@ class CuttableProxy:
 
     def cut(self) -> None:
         """Refuse new connections and drop every open one, as a database outage does."""
+
         async def cut() -> None:
             if self._server is not None:
                 self._server.close()

@@ -41,29 +41,41 @@ class PolicyOut(BaseModel):
     promotion: dict[str, Any] = Field(description="The policy's `promotion` settings.")
     learning_paused: bool
     paused_by: str | None = None
-    promoted: VersionBrief | None = Field(description="Serves every trajectory the canary does not; "
-                                                      "none: the base model serves.")
+    promoted: VersionBrief | None = Field(
+        description="Serves every trajectory the canary does not; none: the base model serves."
+    )
     canary: VersionBrief | None = Field(description="Serves `canary_share` of new trajectories.")
-    candidates: int = Field(description="Candidates of the live lineage (the canary's ancestors and the versions "
-                                        "still waiting for their gates or to become the canary).")
-    lineage: list[VersionBrief] = Field(description="The live lineage, oldest first: the candidates and the canary "
-                                                    "newer than the promoted version, each trained from the one "
-                                                    "before.")
-    lineage_head: VersionBrief | None = Field(description="The version the learner's next run continues: the newest "
-                                                          "of the lineage, else the promoted version; none: the base "
-                                                          "model.")
+    candidates: int = Field(
+        description="Candidates of the live lineage (the canary's ancestors and the versions "
+        "still waiting for their gates or to become the canary)."
+    )
+    lineage: list[VersionBrief] = Field(
+        description="The live lineage, oldest first: the candidates and the canary "
+        "newer than the promoted version, each trained from the one "
+        "before."
+    )
+    lineage_head: VersionBrief | None = Field(
+        description="The version the learner's next run continues: the newest "
+        "of the lineage, else the promoted version; none: the base "
+        "model."
+    )
 
     @classmethod
     def of(cls, summary: PolicySummary) -> PolicyOut:
         policy = summary.policy
-        return cls(name=policy.name, base_model=policy.base_model, endpoints=policy.endpoints,
-                   promotion=policy.promotion.model_dump(mode="json"), learning_paused=summary.learning_paused,
-                   paused_by=summary.paused_by,
-                   promoted=VersionBrief.model_validate(summary.promoted) if summary.promoted else None,
-                   canary=VersionBrief.model_validate(summary.canary) if summary.canary else None,
-                   candidates=summary.candidates,
-                   lineage=[VersionBrief.model_validate(v) for v in summary.lineage],
-                   lineage_head=VersionBrief.model_validate(summary.lineage_head) if summary.lineage_head else None)
+        return cls(
+            name=policy.name,
+            base_model=policy.base_model,
+            endpoints=policy.endpoints,
+            promotion=policy.promotion.model_dump(mode="json"),
+            learning_paused=summary.learning_paused,
+            paused_by=summary.paused_by,
+            promoted=VersionBrief.model_validate(summary.promoted) if summary.promoted else None,
+            canary=VersionBrief.model_validate(summary.canary) if summary.canary else None,
+            candidates=summary.candidates,
+            lineage=[VersionBrief.model_validate(v) for v in summary.lineage],
+            lineage_head=VersionBrief.model_validate(summary.lineage_head) if summary.lineage_head else None,
+        )
 
 
 class PolicyListOut(BaseModel):
@@ -146,23 +158,31 @@ class VersionLineageOut(VersionOut):
     """A version with where it came from: its parent, the lineage, what it trained on."""
 
     parent: ParentOut | None = Field(description="The version it was trained from; none: the base model.")
-    lineage: bool = Field(description="Whether it is in the live lineage (a candidate or the canary newer than "
-                                      "the promoted version).")
-    lineage_head: str | None = Field(description="The LoRA name of the policy's lineage head (the version the next "
-                                                 "learner run continues); none: the base model.")
+    lineage: bool = Field(
+        description="Whether it is in the live lineage (a candidate or the canary newer than the promoted version)."
+    )
+    lineage_head: str | None = Field(
+        description="The LoRA name of the policy's lineage head (the version the next "
+        "learner run continues); none: the base model."
+    )
     samples: int | None = Field(description="The samples its training run took (none: no run recorded).")
-    sampled_by: list[SamplerOut] = Field(description="The versions that sampled the trajectories it trained on, "
-                                                     "most first.")
+    sampled_by: list[SamplerOut] = Field(
+        description="The versions that sampled the trajectories it trained on, most first."
+    )
 
     @classmethod
     def parts(cls, version: AdapterVersion, found: Provenance, head: AdapterVersion | None) -> dict[str, Any]:
         parent = found.parent
-        return {**dict(VersionOut.model_validate(version)),
-                "parent": ParentOut(id=parent.id, name=parent.name) if parent is not None else None,
-                "lineage": found.in_lineage, "lineage_head": head.name if head is not None else None,
-                "samples": found.samples,
-                "sampled_by": [SamplerOut(version_id=s.version_id, name=s.name, trajectories=s.trajectories)
-                               for s in found.sampled_by]}
+        return {
+            **dict(VersionOut.model_validate(version)),
+            "parent": ParentOut(id=parent.id, name=parent.name) if parent is not None else None,
+            "lineage": found.in_lineage,
+            "lineage_head": head.name if head is not None else None,
+            "samples": found.samples,
+            "sampled_by": [
+                SamplerOut(version_id=s.version_id, name=s.name, trajectories=s.trajectories) for s in found.sampled_by
+            ],
+        }
 
 
 class VersionListOut(BaseModel):
@@ -171,8 +191,12 @@ class VersionListOut(BaseModel):
 
     @classmethod
     def of(cls, listing: VersionListing) -> VersionListOut:
-        return cls(data=[VersionLineageOut(**VersionLineageOut.parts(v, listing.provenance[v.id], listing.lineage_head))
-                         for v in listing.versions])
+        return cls(
+            data=[
+                VersionLineageOut(**VersionLineageOut.parts(v, listing.provenance[v.id], listing.lineage_head))
+                for v in listing.versions
+            ]
+        )
 
 
 class VersionDetailOut(VersionLineageOut):
@@ -181,9 +205,11 @@ class VersionDetailOut(VersionLineageOut):
 
     @classmethod
     def of(cls, detail: VersionDetail) -> VersionDetailOut:
-        return cls(**VersionLineageOut.parts(detail.version, detail.provenance, detail.lineage_head),
-                   training_run=TrainingRunOut.model_validate(detail.training_run) if detail.training_run else None,
-                   transitions=[TransitionOut.model_validate(t) for t in detail.transitions])
+        return cls(
+            **VersionLineageOut.parts(detail.version, detail.provenance, detail.lineage_head),
+            training_run=TrainingRunOut.model_validate(detail.training_run) if detail.training_run else None,
+            transitions=[TransitionOut.model_validate(t) for t in detail.transitions],
+        )
 
 
 class EndpointOutcomeOut(_FromRow):
@@ -204,7 +230,7 @@ class PromoteIn(ActionIn):
 
 class RollbackIn(ActionIn):
     version_id: str | None = Field(default=None, description="The retired version's id or LoRA name.")
-    version: int | str | None = Field(default=None, description="Or its number (3 or \"v3\").")
+    version: int | str | None = Field(default=None, description='Or its number (3 or "v3").')
 
     @model_validator(mode="after")
     def _one(self) -> RollbackIn:
@@ -218,19 +244,24 @@ class ActionOut(BaseModel):
     changed: bool = Field(description="False when the version already had the asked status (nothing written).")
     from_status: VersionStatus
     version: VersionOut
-    retired: list[VersionBrief] = Field(description="Versions that changed status with it: the version a promotion "
-                                                    "retired, the lineage a rollback or a canary's rejection rejected.")
+    retired: list[VersionBrief] = Field(
+        description="Versions that changed status with it: the version a promotion "
+        "retired, the lineage a rollback or a canary's rejection rejected."
+    )
     endpoints: list[EndpointOutcomeOut] = Field(description="Where the adapter was loaded and verified.")
     gates: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, result: ActionResult) -> ActionOut:
         transition = result.transition
-        return cls(changed=transition.changed, from_status=transition.from_status,
-                   version=VersionOut.model_validate(transition.version),
-                   retired=[VersionBrief.model_validate(v) for v in transition.side_effects],
-                   endpoints=[EndpointOutcomeOut.model_validate(e) for e in result.endpoints],
-                   gates=result.gates.as_json() if result.gates is not None else None)
+        return cls(
+            changed=transition.changed,
+            from_status=transition.from_status,
+            version=VersionOut.model_validate(transition.version),
+            retired=[VersionBrief.model_validate(v) for v in transition.side_effects],
+            endpoints=[EndpointOutcomeOut.model_validate(e) for e in result.endpoints],
+            gates=result.gates.as_json() if result.gates is not None else None,
+        )
 
 
 class PolicyStateOut(_FromRow):

@@ -55,9 +55,13 @@ async def _admin(request: Request) -> tuple[GatewayState, str]:
     return state, key.name
 
 
-@router.get("/v1/admin/policies", response_model=PolicyListOut, summary="Policies with their serving versions",
-            description="Every configured policy: its promoted and canary versions, the live lineage and its head, "
-                        "promotion settings and whether learning is paused.")
+@router.get(
+    "/v1/admin/policies",
+    response_model=PolicyListOut,
+    summary="Policies with their serving versions",
+    description="Every configured policy: its promoted and canary versions, the live lineage and its head, "
+    "promotion settings and whether learning is paused.",
+)
 async def list_policies(request: Request) -> PolicyListOut:
     state, _ = await _admin(request)
     summaries = await service.list_policies(state.engine, state.settings)
@@ -73,66 +77,95 @@ async def get_policy(request: Request, policy: str) -> PolicyOut:
     raise GatewayError(404, f"policy {policy!r} is not configured", param="policy", code="policy_not_found")
 
 
-@router.get("/v1/admin/policies/{policy}/versions", response_model=VersionListOut,
-            summary="A policy's adapter versions, newest first",
-            description="Each with its parent, whether it is in the live lineage (and which version heads it), its "
-                        "training run's sample count and the versions that sampled what it trained on.")
-async def list_versions(request: Request, policy: str,
-                        status: VersionStatus | None = Query(None)) -> VersionListOut:
+@router.get(
+    "/v1/admin/policies/{policy}/versions",
+    response_model=VersionListOut,
+    summary="A policy's adapter versions, newest first",
+    description="Each with its parent, whether it is in the live lineage (and which version heads it), its "
+    "training run's sample count and the versions that sampled what it trained on.",
+)
+async def list_versions(request: Request, policy: str, status: VersionStatus | None = Query(None)) -> VersionListOut:
     state, _ = await _admin(request)
     listing = await _guard(lambda: service.version_listing(state.engine, state.settings, policy, status))
     return VersionListOut.of(listing)
 
 
-@router.get("/v1/admin/versions/{version}", response_model=VersionDetailOut,
-            summary="One adapter version: training run, gates, canary statistics, transitions",
-            description="`version` is the id or the LoRA name. For a canary, `evaluation` is computed now: "
-                        "both arms' reward statistics, the interval on the difference, the verdict and what an "
-                        "automatic policy would do.")
+@router.get(
+    "/v1/admin/versions/{version}",
+    response_model=VersionDetailOut,
+    summary="One adapter version: training run, gates, canary statistics, transitions",
+    description="`version` is the id or the LoRA name. For a canary, `evaluation` is computed now: "
+    "both arms' reward statistics, the interval on the difference, the verdict and what an "
+    "automatic policy would do.",
+)
 async def get_version(request: Request, version: str) -> VersionDetailOut:
     state, _ = await _admin(request)
     return VersionDetailOut.of(await _guard(lambda: service.version_detail(state.engine, state.settings, version)))
 
 
-@router.post("/v1/admin/versions/{version}/approve", response_model=ActionOut, summary="Approve a version",
-             description="A candidate becomes the canary (its gates must pass); a canary is promoted. The adapter "
-                         "is loaded and verified at every endpoint of the policy before the status changes.")
+@router.post(
+    "/v1/admin/versions/{version}/approve",
+    response_model=ActionOut,
+    summary="Approve a version",
+    description="A candidate becomes the canary (its gates must pass); a canary is promoted. The adapter "
+    "is loaded and verified at every endpoint of the policy before the status changes.",
+)
 async def approve(request: Request, version: str, body: ActionIn | None = None) -> ActionOut:
     state, actor = await _admin(request)
     reason = body.reason if body else None
-    return ActionOut.of(await _guard(lambda: service.approve(state.engine, state.settings, version, actor=actor,
-                                                             reason=reason)))
+    return ActionOut.of(
+        await _guard(lambda: service.approve(state.engine, state.settings, version, actor=actor, reason=reason))
+    )
 
 
-@router.post("/v1/admin/versions/{version}/reject", response_model=ActionOut, summary="Reject a version",
-             description="A candidate is rejected; rejecting the canary rejects its whole lineage (the learner "
-                         "starts again from the promoted version). A canary stops receiving new trajectories within "
-                         "a poll interval (running trajectories finish on it).")
+@router.post(
+    "/v1/admin/versions/{version}/reject",
+    response_model=ActionOut,
+    summary="Reject a version",
+    description="A candidate is rejected; rejecting the canary rejects its whole lineage (the learner "
+    "starts again from the promoted version). A canary stops receiving new trajectories within "
+    "a poll interval (running trajectories finish on it).",
+)
 async def reject(request: Request, version: str, body: ActionIn | None = None) -> ActionOut:
     state, actor = await _admin(request)
     reason = body.reason if body else None
-    return ActionOut.of(await _guard(lambda: service.reject(state.engine, state.settings, version, actor=actor,
-                                                            reason=reason)))
+    return ActionOut.of(
+        await _guard(lambda: service.reject(state.engine, state.settings, version, actor=actor, reason=reason))
+    )
 
 
-@router.post("/v1/admin/versions/{version}/promote", response_model=ActionOut, summary="Promote now",
-             description="Promote a candidate, canary or retired version at once; the promoted one is retired. "
-                         "A candidate must pass its gates unless `force` is true.")
+@router.post(
+    "/v1/admin/versions/{version}/promote",
+    response_model=ActionOut,
+    summary="Promote now",
+    description="Promote a candidate, canary or retired version at once; the promoted one is retired. "
+    "A candidate must pass its gates unless `force` is true.",
+)
 async def promote(request: Request, version: str, body: PromoteIn | None = None) -> ActionOut:
     state, actor = await _admin(request)
     reason, force = (body.reason, body.force) if body else (None, False)
-    return ActionOut.of(await _guard(lambda: service.promote_now(state.engine, state.settings, version, actor=actor,
-                                                                 reason=reason, force=force)))
+    return ActionOut.of(
+        await _guard(
+            lambda: service.promote_now(state.engine, state.settings, version, actor=actor, reason=reason, force=force)
+        )
+    )
 
 
-@router.post("/v1/admin/policies/{policy}/rollback", response_model=ActionOut, summary="Roll back to a version",
-             description="Promote a retired version of the policy again (loaded first; refused if its files "
-                         "were deleted). The promoted version is retired and stays loaded for the grace period.")
+@router.post(
+    "/v1/admin/policies/{policy}/rollback",
+    response_model=ActionOut,
+    summary="Roll back to a version",
+    description="Promote a retired version of the policy again (loaded first; refused if its files "
+    "were deleted). The promoted version is retired and stays loaded for the grace period.",
+)
 async def rollback(request: Request, policy: str, body: RollbackIn) -> ActionOut:
     state, actor = await _admin(request)
     ref = body.version_id if body.version_id is not None else str(body.version)
-    return ActionOut.of(await _guard(lambda: service.rollback(state.engine, state.settings, policy, ref, actor=actor,
-                                                              reason=body.reason)))
+    return ActionOut.of(
+        await _guard(
+            lambda: service.rollback(state.engine, state.settings, policy, ref, actor=actor, reason=body.reason)
+        )
+    )
 
 
 async def _pause(request: Request, policy: str, paused: bool) -> PolicyStateOut:
@@ -141,9 +174,13 @@ async def _pause(request: Request, policy: str, paused: bool) -> PolicyStateOut:
     return PolicyStateOut.model_validate(row)
 
 
-@router.post("/v1/admin/policies/{policy}/pause", response_model=PolicyStateOut, summary="Pause learning",
-             description="No training runs, automatic canary starts or promotions for the policy until resumed; "
-                         "a significantly worse lineage is still rejected. Serving is unchanged.")
+@router.post(
+    "/v1/admin/policies/{policy}/pause",
+    response_model=PolicyStateOut,
+    summary="Pause learning",
+    description="No training runs, automatic canary starts or promotions for the policy until resumed; "
+    "a significantly worse lineage is still rejected. Serving is unchanged.",
+)
 async def pause(request: Request, policy: str) -> PolicyStateOut:
     return await _pause(request, policy, True)
 

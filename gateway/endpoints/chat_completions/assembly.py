@@ -60,8 +60,15 @@ def assemble_completion(events: list[dict[str, Any]]) -> dict[str, Any]:
             completion["prompt_token_ids"] = event["prompt_token_ids"]
         for chunk_choice in event.get("choices") or []:
             index = chunk_choice.get("index", 0)
-            choice = choices.setdefault(index, {"index": index, "message": {"role": "assistant", "content": None},
-                                                "finish_reason": None, "logprobs": None})
+            choice = choices.setdefault(
+                index,
+                {
+                    "index": index,
+                    "message": {"role": "assistant", "content": None},
+                    "finish_reason": None,
+                    "logprobs": None,
+                },
+            )
             delta = chunk_choice.get("delta") or {}
             message = choice["message"]
             if delta.get("role"):

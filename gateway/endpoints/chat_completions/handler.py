@@ -62,11 +62,32 @@ ENDPOINT = "chat.completions"
 class CallContext:
     """What is known about one call while it runs; becomes the journal record at the end."""
 
-    __slots__ = ("call_id", "created_at", "started", "key", "request", "plan", "assignment", "temperature",
-                 "overrides", "capture", "version", "ttft_ms", "target", "headers")
+    __slots__ = (
+        "call_id",
+        "created_at",
+        "started",
+        "key",
+        "request",
+        "plan",
+        "assignment",
+        "temperature",
+        "overrides",
+        "capture",
+        "version",
+        "ttft_ms",
+        "target",
+        "headers",
+    )
 
-    def __init__(self, key: KeyInfo, request: ChatRequest, plan: RoutePlan, assignment: TrajectoryAssignment,
-                 started: float, created_at: float) -> None:
+    def __init__(
+        self,
+        key: KeyInfo,
+        request: ChatRequest,
+        plan: RoutePlan,
+        assignment: TrajectoryAssignment,
+        started: float,
+        created_at: float,
+    ) -> None:
         self.call_id: uuid.UUID = new_call_id()
         self.created_at = created_at
         self.started = started
@@ -88,8 +109,10 @@ class CallContext:
                 self.capture = capture if capture.active else None
         self.ttft_ms: float | None = None
         self.target: UpstreamTarget | None = None
-        self.headers = [(b"x-trajectory-id", str(assignment.trajectory_id).encode()),
-                        (b"x-apprentice-call-id", str(self.call_id).encode())]
+        self.headers = [
+            (b"x-trajectory-id", str(assignment.trajectory_id).encode()),
+            (b"x-apprentice-call-id", str(self.call_id).encode()),
+        ]
 
     def litellm_body(self) -> dict[str, Any]:
         """The body for litellm: the client's, with the policy's sampling settings (the token
@@ -155,23 +178,36 @@ class ChatCompletionsEndpoint:
             try:
                 plan = self.state.router.plan(request.model)
             except UnknownModel:
-                raise GatewayError(404, f"The model `{request.model}` does not exist or you do not have access "
-                                        f"to it. Models served here: {', '.join(self.state.router.model_names)}",
-                                   param="model", code="model_not_found") from None
+                raise GatewayError(
+                    404,
+                    f"The model `{request.model}` does not exist or you do not have access "
+                    f"to it. Models served here: {', '.join(self.state.router.model_names)}",
+                    param="model",
+                    code="model_not_found",
+                ) from None
         except GatewayError as error:
             metrics.REQUESTS.labels(ENDPOINT, metrics.status_class(error.status)).inc()
             await send_error(send, error)
             return
         except ConnectionResetError:
             return
-        assignment = assign_trajectory(self.state.stitch_index, secret=self.state.instance_secret, tenant=key.tenant, model=request.model,
-                                       messages=request.messages, client_trajectory_id=request.client_trajectory_id)
+        assignment = assign_trajectory(
+            self.state.stitch_index,
+            secret=self.state.instance_secret,
+            tenant=key.tenant,
+            model=request.model,
+            messages=request.messages,
+            client_trajectory_id=request.client_trajectory_id,
+        )
         call = CallContext(key, request, plan, assignment, started, created_at)
         if plan.policy is not None:
             continued = assignment.continued
             call.version = self.state.versions.choose(
-                plan.policy.name, assignment.split_key, continued.adapter_version_id if continued else None,
-                sticky_known=continued is not None)
+                plan.policy.name,
+                assignment.split_key,
+                continued.adapter_version_id if continued else None,
+                sticky_known=continued is not None,
+            )
         status = 500
         try:
             if request.stream:
@@ -181,7 +217,8 @@ class ChatCompletionsEndpoint:
         finally:
             metrics.REQUESTS.labels(ENDPOINT, metrics.status_class(status)).inc()
             metrics.LATENCY.labels(ENDPOINT, "true" if request.stream else "false").observe(
-                time.perf_counter() - started)
+                time.perf_counter() - started
+            )
 
     # ---- helpers ---------------------------------------------------------------------
     def _finish(self, call: CallContext, status: int, response: dict[str, Any] | None, error: Any) -> None:
@@ -195,14 +232,21 @@ class ChatCompletionsEndpoint:
         return attempt_order(call.plan.targets, call.plan.primary_count, self.router_settings.num_retries)
 
     def _bodies(self, call: CallContext, targets: list[UpstreamTarget]) -> dict[str, bytes]:
-        return {target.upstream_model: call.request.forward_bytes({**call.overrides, "model": call.served_model(target)})
-                for target in targets}
+        return {
+            target.upstream_model: call.request.forward_bytes({**call.overrides, "model": call.served_model(target)})
+            for target in targets
+        }
 
     async def _open_direct(self, call: CallContext, targets: list[UpstreamTarget]) -> UpstreamAnswer:
         """The upstream's answer, open for reading; an error status raises UpstreamStatusError."""
-        answer = await post_with_retries(self.state.http, targets, "/chat/completions", self._bodies(call, targets),
-                                         retry_after=self.router_settings.retry_after,
-                                         retry_statuses=ADAPTER_RETRYABLE_STATUS if call.version else RETRYABLE_STATUS)
+        answer = await post_with_retries(
+            self.state.http,
+            targets,
+            "/chat/completions",
+            self._bodies(call, targets),
+            retry_after=self.router_settings.retry_after,
+            retry_statuses=ADAPTER_RETRYABLE_STATUS if call.version else RETRYABLE_STATUS,
+        )
         call.target = answer.target
         if answer.response.status != 200:
             status, body = await error_from_answer(answer)
@@ -239,8 +283,11 @@ class ChatCompletionsEndpoint:
         except GatewayError as error:
             return await self._fail(call, send, error)
         except (orjson.JSONDecodeError, ValueError) as exc:
-            return await self._fail(call, send, GatewayError(
-                502, f"upstream answered with a body that is not JSON: {exc}", code="bad_upstream_body"))
+            return await self._fail(
+                call,
+                send,
+                GatewayError(502, f"upstream answered with a body that is not JSON: {exc}", code="bad_upstream_body"),
+            )
         self._finish(call, 200, response, None)
         if call.capture is not None:
             raw = orjson.dumps(strip_answer(response, call.capture))
@@ -276,11 +323,20 @@ class ChatCompletionsEndpoint:
                     await send({"type": "http.response.body", "body": ready, "more_body": True})
             rest = relay.finish()
         except Exception as exc:  # the upstream broke off mid-stream: the client sees an error event
-            stream_error = {"error": {"message": f"upstream stream failed: {type(exc).__name__}: {exc}",
-                                      "type": "upstream_error", "param": None, "code": "stream_interrupted"}}
+            stream_error = {
+                "error": {
+                    "message": f"upstream stream failed: {type(exc).__name__}: {exc}",
+                    "type": "upstream_error",
+                    "param": None,
+                    "code": "stream_interrupted",
+                }
+            }
             metrics.UPSTREAM_ERRORS.labels(call.target.name if call.target else "none", "stream").inc()
-            rest = b"data: " + error_body(stream_error["error"]["message"], "upstream_error", None,
-                                          "stream_interrupted") + b"\n\n"
+            rest = (
+                b"data: "
+                + error_body(stream_error["error"]["message"], "upstream_error", None, "stream_interrupted")
+                + b"\n\n"
+            )
         response = assemble_completion(parse_sse_events(b"".join(received)))
         self._finish(call, 200, response, stream_error)
         await send({"type": "http.response.body", "body": rest, "more_body": False})

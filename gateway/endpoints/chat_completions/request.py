@@ -58,22 +58,37 @@ def parse_chat_request(raw: bytes, header_trajectory: str | None, header_group: 
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise GatewayError(400, f"We could not parse the JSON body of your request ({exc}). "
-                                "The body must be a JSON object.", code="invalid_json") from None
+        raise GatewayError(
+            400,
+            f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object.",
+            code="invalid_json",
+        ) from None
     if not isinstance(body, dict):
         raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise GatewayError(400, "you must provide a model parameter (a non-empty string)", param="model",
-                           code="missing_required_parameter" if model is None else "invalid_type")
+        raise GatewayError(
+            400,
+            "you must provide a model parameter (a non-empty string)",
+            param="model",
+            code="missing_required_parameter" if model is None else "invalid_type",
+        )
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise GatewayError(400, "messages must be a non-empty array of message objects", param="messages",
-                           code="missing_required_parameter" if messages is None else "invalid_type")
+        raise GatewayError(
+            400,
+            "messages must be a non-empty array of message objects",
+            param="messages",
+            code="missing_required_parameter" if messages is None else "invalid_type",
+        )
     for position, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise GatewayError(400, f"messages[{position}] must be an object with a string 'role'",
-                               param=f"messages[{position}]", code="invalid_type")
+            raise GatewayError(
+                400,
+                f"messages[{position}] must be an object with a string 'role'",
+                param=f"messages[{position}]",
+                code="invalid_type",
+            )
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise GatewayError(400, "stream must be a boolean", param="stream", code="invalid_type")
@@ -92,5 +107,12 @@ def parse_chat_request(raw: bytes, header_trajectory: str | None, header_group: 
         else:
             del body["metadata"]
         modified = True
-    return ChatRequest(body=body, raw=raw, modified=modified, model=model, stream=bool(stream),
-                       client_trajectory_id=trajectory, group_id=group)
+    return ChatRequest(
+        body=body,
+        raw=raw,
+        modified=modified,
+        model=model,
+        stream=bool(stream),
+        client_trajectory_id=trajectory,
+        group_id=group,
+    )

@@ -50,7 +50,7 @@ class EventRelay:
         out: list[bytes] = []
         start = 0
         for boundary in EVENT_END.finditer(buffer):
-            event, terminator = buffer[start:boundary.start()], boundary.group()
+            event, terminator = buffer[start : boundary.start()], boundary.group()
             if is_done_event(event):
                 self._held = buffer[start:]
                 self._partial = b""

@@ -56,8 +56,9 @@ def parse_rewards(body: bytes) -> tuple[list[RewardIn], bool]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise GatewayError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
-        raise GatewayError(400, "the body must be a JSON object: one reward, or {\"rewards\": [...]}",
-                           code="invalid_json")
+        raise GatewayError(
+            400, 'the body must be a JSON object: one reward, or {"rewards": [...]}', code="invalid_json"
+        )
     batch = "rewards" in data
     try:
         if batch:
@@ -69,14 +70,22 @@ def parse_rewards(body: bytes) -> tuple[list[RewardIn], bool]:
 
 def refuse_large_batch(count: int, max_batch: int) -> None:
     if count > max_batch:
-        raise GatewayError(413, f"rewards: {count} rewards in one request; at most {max_batch}", param="rewards",
-                           code="batch_too_large")
+        raise GatewayError(
+            413,
+            f"rewards: {count} rewards in one request; at most {max_batch}",
+            param="rewards",
+            code="batch_too_large",
+        )
 
 
 def idempotency_header(value: str | None) -> str | None:
     if value is not None and not 0 < len(value) <= MAX_IDEMPOTENCY_HEADER_CHARS:
-        raise GatewayError(400, f"{IDEMPOTENCY_HEADER} must be 1 to {MAX_IDEMPOTENCY_HEADER_CHARS} characters",
-                           param=IDEMPOTENCY_HEADER, code="invalid_value")
+        raise GatewayError(
+            400,
+            f"{IDEMPOTENCY_HEADER} must be 1 to {MAX_IDEMPOTENCY_HEADER_CHARS} characters",
+            param=IDEMPOTENCY_HEADER,
+            code="invalid_value",
+        )
     return value
 
 
@@ -86,11 +95,22 @@ def new_reward(reward: RewardIn, index: int, intake: Intake) -> NewReward:
     idempotency_key = _idempotency_key(reward, index, intake)
     kind, target, target_trajectory = _target(reward, index, intake)
     return NewReward(
-        id=uuid7(), tenant=intake.sender.tenant, target_kind=kind, target=target,
-        target_trajectory_id=target_trajectory, target_call=target if kind == "call" else None, name=reward.name,
-        value=reward.reward, metrics=reward.metrics or {}, comment=reward.comment, group_id=reward.group_id,
-        idempotency_key=idempotency_key, source=intake.sender.source, api_key_id=intake.sender.api_key_id,
-        observed_at=_unix_seconds(reward.timestamp))
+        id=uuid7(),
+        tenant=intake.sender.tenant,
+        target_kind=kind,
+        target=target,
+        target_trajectory_id=target_trajectory,
+        target_call=target if kind == "call" else None,
+        name=reward.name,
+        value=reward.reward,
+        metrics=reward.metrics or {},
+        comment=reward.comment,
+        group_id=reward.group_id,
+        idempotency_key=idempotency_key,
+        source=intake.sender.source,
+        api_key_id=intake.sender.api_key_id,
+        observed_at=_unix_seconds(reward.timestamp),
+    )
 
 
 def policy_check(rules: RewardRules, rewards: list[RewardIn], intake: Intake) -> Checker:
@@ -112,8 +132,9 @@ def policy_check(rules: RewardRules, rewards: list[RewardIn], intake: Intake) ->
 def _check_comment(reward: RewardIn, index: int, intake: Intake) -> None:
     if reward.comment is not None and len(reward.comment) > intake.max_comment_chars:
         name = intake.field(index, "comment")
-        raise GatewayError(400, f"{name}: longer than {intake.max_comment_chars} characters", param=name,
-                           code="invalid_value")
+        raise GatewayError(
+            400, f"{name}: longer than {intake.max_comment_chars} characters", param=name, code="invalid_value"
+        )
 
 
 def _idempotency_key(reward: RewardIn, index: int, intake: Intake) -> str | None:
@@ -123,8 +144,12 @@ def _idempotency_key(reward: RewardIn, index: int, intake: Intake) -> str | None
     if reward.idempotency_key is None:
         return f"{intake.header_key}:{index}" if intake.batch else intake.header_key
     if not intake.batch and reward.idempotency_key != intake.header_key:
-        raise GatewayError(400, f"idempotency_key differs from the {IDEMPOTENCY_HEADER} header",
-                           param="idempotency_key", code="invalid_value")
+        raise GatewayError(
+            400,
+            f"idempotency_key differs from the {IDEMPOTENCY_HEADER} header",
+            param="idempotency_key",
+            code="invalid_value",
+        )
     return reward.idempotency_key
 
 
@@ -135,11 +160,14 @@ def _target(reward: RewardIn, index: int, intake: Intake) -> tuple[str, str, uui
             return "trajectory", reward.trajectory_id, uuid.UUID(reward.trajectory_id)
         except ValueError:
             name = intake.field(index, "trajectory_id")
-            raise GatewayError(400, f"{name}: not a trajectory id issued by the gateway; send your own ids as "
-                                    "client_trajectory_id", param=name, code="invalid_value") from None
+            raise GatewayError(
+                400,
+                f"{name}: not a trajectory id issued by the gateway; send your own ids as client_trajectory_id",
+                param=name,
+                code="invalid_value",
+            ) from None
     if reward.client_trajectory_id is not None:
-        trajectory = trajectory_id_for_client(intake.instance_secret, intake.sender.tenant,
-                                              reward.client_trajectory_id)
+        trajectory = trajectory_id_for_client(intake.instance_secret, intake.sender.tenant, reward.client_trajectory_id)
         return "trajectory", reward.client_trajectory_id, trajectory
     return "call", str(reward.call_id), None
 

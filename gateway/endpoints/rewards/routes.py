@@ -67,17 +67,34 @@ def inline_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-_REQUEST_SCHEMA = {"requestBody": {"required": True, "content": {"application/json": {
-    "schema": inline_schema(_REQUEST.json_schema())}}}}
+_REQUEST_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": inline_schema(_REQUEST.json_schema())}},
+    }
+}
 
 _RESPONSE_SCHEMA = inline_schema(TypeAdapter(RewardOut | RewardListOut).json_schema(mode="serialization"))
 
-_SIGNATURE_DOC = {"parameters": [
-    {"name": SIGNATURE_HEADER, "in": "header", "required": False, "schema": {"type": "string"},
-     "description": "Signed webhooks instead of a bearer key: `t=<unix>,v1=<hex HMAC-SHA256(secret, "
-                    "\"<t>.\" + body)>`."},
-    {"name": IDEMPOTENCY_HEADER, "in": "header", "required": False, "schema": {"type": "string"},
-     "description": "Sets `idempotency_key` (for a batch, item i without its own key gets `<key>:<i>`)."}]}
+_SIGNATURE_DOC = {
+    "parameters": [
+        {
+            "name": SIGNATURE_HEADER,
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "Signed webhooks instead of a bearer key: `t=<unix>,v1=<hex HMAC-SHA256(secret, "
+            '"<t>." + body)>`.',
+        },
+        {
+            "name": IDEMPOTENCY_HEADER,
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "Sets `idempotency_key` (for a batch, item i without its own key gets `<key>:<i>`).",
+        },
+    ]
+}
 
 
 def _state(request: Request) -> GatewayState:
@@ -91,17 +108,22 @@ def _state(request: Request) -> GatewayState:
     description=(
         "Takes a reward for a trajectory named by the gateway's trajectory id, the client's own trajectory "
         "id, or a call id (`chatcmpl-...`). Authenticate with the API key that made the calls, or sign the "
-        f"request (`{SIGNATURE_HEADER}`). A batch (`{{\"rewards\": [...]}}`) is stored all together or not at "
+        f'request (`{SIGNATURE_HEADER}`). A batch (`{{"rewards": [...]}}`) is stored all together or not at '
         "all: the first invalid item refuses the request with 400 and `param` naming it (`rewards[3].reward`). "
         "A reward whose trajectory is not stored yet is accepted with status `pending` and linked when it "
-        "lands. Answers the stored reward (or `{\"object\": \"list\", \"data\": [...]}` for a batch); a request "
-        f"whose every item was already stored under its idempotency key answers `{REPLAYED_HEADER}: true`."),
-    responses={200: {"description": "The stored rewards, in request order.",
-                     "content": {"application/json": {"schema": _RESPONSE_SCHEMA}}},
-               400: {"description": "Invalid input; `error.param` names the field."},
-               401: {"description": "Missing or invalid API key or signature, or a stale signature."},
-               409: {"description": "A signature that was already used (replay)."},
-               413: {"description": "More rewards than `rewards.max_batch`, or a body over the size limit."}},
+        'lands. Answers the stored reward (or `{"object": "list", "data": [...]}` for a batch); a request '
+        f"whose every item was already stored under its idempotency key answers `{REPLAYED_HEADER}: true`."
+    ),
+    responses={
+        200: {
+            "description": "The stored rewards, in request order.",
+            "content": {"application/json": {"schema": _RESPONSE_SCHEMA}},
+        },
+        400: {"description": "Invalid input; `error.param` names the field."},
+        401: {"description": "Missing or invalid API key or signature, or a stale signature."},
+        409: {"description": "A signature that was already used (replay)."},
+        413: {"description": "More rewards than `rewards.max_batch`, or a body over the size limit."},
+    },
     openapi_extra={**_REQUEST_SCHEMA, **_SIGNATURE_DOC},
 )
 async def post_rewards(request: Request) -> Response:
@@ -111,9 +133,13 @@ async def post_rewards(request: Request) -> Response:
     sender = await _sender(request, state, body)
     rewards, batch = parse_rewards(body)
     refuse_large_batch(len(rewards), state.settings.rewards.max_batch)
-    intake = Intake(sender=sender, batch=batch, header_key=idempotency_header(request.headers.get(IDEMPOTENCY_HEADER)),
-                    max_comment_chars=state.settings.rewards.max_comment_chars,
-                    instance_secret=state.instance_secret)
+    intake = Intake(
+        sender=sender,
+        batch=batch,
+        header_key=idempotency_header(request.headers.get(IDEMPOTENCY_HEADER)),
+        max_comment_chars=state.settings.rewards.max_comment_chars,
+        instance_secret=state.instance_secret,
+    )
     items = [new_reward(reward, index, intake) for index, reward in enumerate(rewards)]
     stored, replayed = await _ingest(state, items, policy_check(_rules(request), rewards, intake), sender.signature)
     if any(reward.status == "pending" for reward in stored):
@@ -134,19 +160,28 @@ async def _sender(request: Request, state: GatewayState, body: bytes) -> Sender:
     signature_header = request.headers.get(SIGNATURE_HEADER)
     if signature_header is not None:
         verified = _verifier(request).verify(signature_header, body)
-        return Sender(tenant=verified.tenant, source=f"webhook:{verified.secret_name}", api_key_id=None,
-                      signature=(verified.signature, verified.tenant, verified.signed_at))
+        return Sender(
+            tenant=verified.tenant,
+            source=f"webhook:{verified.secret_name}",
+            api_key_id=None,
+            signature=(verified.signature, verified.tenant, verified.signed_at),
+        )
     key = await state.authenticate(request.scope)
     return Sender(tenant=key.tenant, source="key", api_key_id=key.id, signature=None)
 
 
-async def _ingest(state: GatewayState, items: list[NewReward], check: Checker,
-                  signature: SignatureUse | None) -> tuple[list[StoredReward], bool]:
+async def _ingest(
+    state: GatewayState, items: list[NewReward], check: Checker, signature: SignatureUse | None
+) -> tuple[list[StoredReward], bool]:
     try:
         return await ingest_rewards(state.engine, items, check=check, signature=signature)
     except ReplayedSignature:
-        raise GatewayError(409, "this signature was already used: sign each delivery anew", param=SIGNATURE_HEADER,
-                           code="signature_replayed") from None
+        raise GatewayError(
+            409,
+            "this signature was already used: sign each delivery anew",
+            param=SIGNATURE_HEADER,
+            code="signature_replayed",
+        ) from None
 
 
 def _verifier(request: Request) -> SignatureVerifier:
@@ -170,14 +205,15 @@ def _rules(request: Request) -> RewardRules:
     "/v1/rewards/pending",
     response_model=PendingRewardListOut,
     summary="Rewards not linked to a trajectory (admin)",
-    description=("Rewards still waiting for their trajectory (`overdue` once older than "
-                 "`rewards.pending_window_s`) and rewards refused by their trajectory's policy when they linked "
-                 "(`rejected`). Nothing is dropped: a pending reward links whenever its trajectory lands."),
+    description=(
+        "Rewards still waiting for their trajectory (`overdue` once older than "
+        "`rewards.pending_window_s`) and rewards refused by their trajectory's policy when they linked "
+        "(`rejected`). Nothing is dropped: a pending reward links whenever its trajectory lands."
+    ),
 )
 async def pending_rewards(
     request: Request,
-    status: str = Query("pending", pattern="^(pending|rejected|all)$",
-                        description="`pending`, `rejected` or `all`."),
+    status: str = Query("pending", pattern="^(pending|rejected|all)$", description="`pending`, `rejected` or `all`."),
     overdue_only: bool = Query(False, description="Only pending rewards past the pending window."),
     tenant: str | None = Query(None, description="Only this tenant's rewards."),
     limit: int = Query(100, ge=1, le=1000),
@@ -185,13 +221,23 @@ async def pending_rewards(
     state = _state(request)
     await state.authenticate(request.scope, admin=True)
     statuses = ["pending", "rejected"] if status == "all" else [status]
-    page = await list_unlinked(state.engine, tenant=tenant, window_s=state.settings.rewards.pending_window_s,
-                               statuses=statuses, overdue_only=overdue_only, limit=limit)
+    page = await list_unlinked(
+        state.engine,
+        tenant=tenant,
+        window_s=state.settings.rewards.pending_window_s,
+        statuses=statuses,
+        overdue_only=overdue_only,
+        limit=limit,
+    )
     return model_response(pending_reward_list_out(page))
 
 
-@router.get("/v1/rewards/{reward_id}", response_model=RewardOut, summary="One stored reward",
-            description="A reward by the id the gateway answered; a client key sees its own tenant's only.")
+@router.get(
+    "/v1/rewards/{reward_id}",
+    response_model=RewardOut,
+    summary="One stored reward",
+    description="A reward by the id the gateway answered; a client key sees its own tenant's only.",
+)
 async def get_reward(request: Request, reward_id: str) -> Response:
     state = _state(request)
     key = await state.authenticate(request.scope)

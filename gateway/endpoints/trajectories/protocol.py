@@ -66,6 +66,7 @@ class TrajectoryListOut(BaseModel):
 
 # Answers from stored trajectories. Each model is validated once, when it is built here.
 
+
 def trajectory_out(details: TrajectoryDetails) -> TrajectoryOut:
     return TrajectoryOut(
         **_summary_fields(details.trajectory),
@@ -79,27 +80,48 @@ def trajectory_out(details: TrajectoryDetails) -> TrajectoryOut:
 
 def trajectory_list_out(page: TrajectoryPage) -> TrajectoryListOut:
     data = [TrajectorySummary(**_summary_fields(row)) for row in page.trajectories]
-    return TrajectoryListOut(data=data, has_more=page.has_more,
-                             next_starting_after=data[-1].id if page.has_more and data else None)
+    return TrajectoryListOut(
+        data=data, has_more=page.has_more, next_starting_after=data[-1].id if page.has_more and data else None
+    )
 
 
 def _summary_fields(row: TrajectoryRow) -> dict[str, Any]:
     return {
-        "id": str(row.id), "tenant": row.tenant, "model": row.model, "policy": row.policy,
-        "client_trajectory_id": row.client_trajectory_id, "group_id": row.group_id,
-        "adapter_version_id": _text(row.adapter_version_id), "first_call_at": row.first_call_at,
-        "last_call_at": row.last_call_at, "call_count": row.call_count,
-        "trained_in_run_id": _text(row.trained_in_run_id), "reward": row.reward, "reward_count": row.reward_count,
+        "id": str(row.id),
+        "tenant": row.tenant,
+        "model": row.model,
+        "policy": row.policy,
+        "client_trajectory_id": row.client_trajectory_id,
+        "group_id": row.group_id,
+        "adapter_version_id": _text(row.adapter_version_id),
+        "first_call_at": row.first_call_at,
+        "last_call_at": row.last_call_at,
+        "call_count": row.call_count,
+        "trained_in_run_id": _text(row.trained_in_run_id),
+        "reward": row.reward,
+        "reward_count": row.reward_count,
     }
 
 
 def _call_out(call: CallRow) -> CallOut:
     return CallOut(
-        id=str(call.id), response_id=call.response_id, created_at=call.created_at, model=call.model,
-        upstream=call.upstream, upstream_model=call.upstream_model, adapter_version_id=_text(call.adapter_version_id),
-        status_code=call.status_code, stream=call.stream, latency_ms=call.latency_ms, ttft_ms=call.ttft_ms,
-        prompt_tokens=call.prompt_tokens, completion_tokens=call.completion_tokens, temperature=call.temperature,
-        request=call.request, response=call.response, error=call.error,
+        id=str(call.id),
+        response_id=call.response_id,
+        created_at=call.created_at,
+        model=call.model,
+        upstream=call.upstream,
+        upstream_model=call.upstream_model,
+        adapter_version_id=_text(call.adapter_version_id),
+        status_code=call.status_code,
+        stream=call.stream,
+        latency_ms=call.latency_ms,
+        ttft_ms=call.ttft_ms,
+        prompt_tokens=call.prompt_tokens,
+        completion_tokens=call.completion_tokens,
+        temperature=call.temperature,
+        request=call.request,
+        response=call.response,
+        error=call.error,
     )
 
 

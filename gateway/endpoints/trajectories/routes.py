@@ -31,12 +31,17 @@ def _state(request: Request) -> GatewayState:
     "/v1/trajectories/{trajectory_id}",
     response_model=TrajectoryOut,
     summary="One trajectory with its calls and rewards",
-    description=("Addressed by the gateway's trajectory id, an alias (a trajectory merged into another "
-                 "answers as the one it joined) or the client's own trajectory id. A client key sees its "
-                 "own tenant's trajectories only."),
+    description=(
+        "Addressed by the gateway's trajectory id, an alias (a trajectory merged into another "
+        "answers as the one it joined) or the client's own trajectory id. A client key sees its "
+        "own tenant's trajectories only."
+    ),
 )
-async def get_one(request: Request, trajectory_id: str,
-                  history: bool = Query(False, description="Include superseded and rejected rewards.")) -> Response:
+async def get_one(
+    request: Request,
+    trajectory_id: str,
+    history: bool = Query(False, description="Include superseded and rejected rewards."),
+) -> Response:
     state = _state(request)
     key = await state.authenticate(request.scope)
     candidates = _candidates(trajectory_id, trajectory_id_for_client(state.instance_secret, key.tenant, trajectory_id))
@@ -71,8 +76,9 @@ async def list_all(
     tenant: str | None = Query(None),
     since: datetime | None = Query(None, description="Last call at or after (RFC 3339 or unix seconds)."),
     until: datetime | None = Query(None, description="Last call before (RFC 3339 or unix seconds)."),
-    rewarded: bool | None = Query(None, description="Only trajectories with (true) or without (false) a "
-                                                    "current reward named `reward_name`."),
+    rewarded: bool | None = Query(
+        None, description="Only trajectories with (true) or without (false) a current reward named `reward_name`."
+    ),
     reward_name: str = Query("reward"),
     group_id: str | None = Query(None),
     starting_after: uuid.UUID | None = Query(None, description="The last id of the previous page."),
@@ -80,7 +86,17 @@ async def list_all(
 ) -> Response:
     state = _state(request)
     await state.authenticate(request.scope, admin=True)
-    page = await list_trajectories(state.engine, tenant=tenant, policy=policy, model=model, since=since,
-                                   until=until, rewarded=rewarded, reward_name=reward_name, group_id=group_id,
-                                   starting_after=starting_after, limit=limit)
+    page = await list_trajectories(
+        state.engine,
+        tenant=tenant,
+        policy=policy,
+        model=model,
+        since=since,
+        until=until,
+        rewarded=rewarded,
+        reward_name=reward_name,
+        group_id=group_id,
+        starting_after=starting_after,
+        limit=limit,
+    )
     return model_response(trajectory_list_out(page))
