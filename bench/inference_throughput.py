@@ -5,7 +5,12 @@ in its own process, sends chat completions with the official `openai` client, an
 medians to docs/benchmarks.md. Every request generates exactly --max-tokens tokens
 (`ignore_eos`), so rounds are comparable.
 
-    python -m bench.inference_throughput [--model DIR] [--rounds 3] [--max-tokens 64]
+With `--adapters N` the server starts with N LoRA adapters shaped like the learner's and the
+requests of a round go to them in turn (request i to adapter i mod N): `--adapters 2` is a
+canary at 50%, the promoted version and the candidate sharing the traffic. Those figures get a
+section of their own.
+
+    python -m bench.inference_throughput [--model DIR] [--rounds 3] [--max-tokens 64] [--adapters 2]
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 from openai import AsyncOpenAI
@@ -28,10 +35,26 @@ TITLE = "Local inference server throughput"
 PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
 
 
-def start_server(model: str, port: int) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "apprentice.cli", "serve-model", "--model", model,
-                                "--served-model-name", "bench", "--port", str(port), "--log-level", "warning"],
-                               env=os.environ.copy())
+def start_server(model: str, port: int, adapters: list[Path]) -> subprocess.Popen:
+    loras = [arg for i, path in enumerate(adapters) for arg in ("--lora-modules", f"{adapter_name(i)}={path}")]
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "apprentice.cli",
+            "serve-model",
+            "--model",
+            model,
+            "--served-model-name",
+            "bench",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *loras,
+        ],
+        env=os.environ.copy(),
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -46,28 +69,44 @@ def start_server(model: str, port: int) -> subprocess.Popen:
     raise RuntimeError("the server did not start")
 
 
-async def one_request(client: AsyncOpenAI, max_tokens: int, seed: int) -> tuple[int, float]:
+def adapter_name(index: int) -> str:
+    return f"bench-lora-{index}"
+
+
+async def one_request(client: AsyncOpenAI, model: str, max_tokens: int, seed: int) -> tuple[int, float]:
     started = time.perf_counter()
-    response = await client.chat.completions.create(model="bench", messages=PROMPT, max_tokens=max_tokens,
-                                                    temperature=1.0, seed=seed, extra_body={"ignore_eos": True})
+    response = await client.chat.completions.create(
+        model=model, messages=PROMPT, max_tokens=max_tokens, temperature=1.0, seed=seed, extra_body={"ignore_eos": True}
+    )
+    assert response.usage is not None
     return response.usage.completion_tokens, time.perf_counter() - started
 
 
-async def run_round(client: AsyncOpenAI, concurrency: int, max_tokens: int, seed: int) -> dict[str, float]:
+async def run_round(
+    client: AsyncOpenAI, models: list[str], concurrency: int, max_tokens: int, seed: int
+) -> dict[str, float]:
+    """`concurrency` requests at once, request i for models[i mod len(models)]."""
     started = time.perf_counter()
-    results = await asyncio.gather(*[one_request(client, max_tokens, seed + i) for i in range(concurrency)])
+    results = await asyncio.gather(
+        *[one_request(client, models[i % len(models)], max_tokens, seed + i) for i in range(concurrency)]
+    )
     wall = time.perf_counter() - started
     tokens = sum(t for t, _ in results)
-    return {"aggregate": tokens / wall, "per_request": statistics.median(t / s for t, s in results),
-            "latency": statistics.median(s for _, s in results)}
+    return {
+        "aggregate": tokens / wall,
+        "per_request": statistics.median(t / s for t, s in results),
+        "latency": statistics.median(s for _, s in results),
+    }
 
 
-async def measure(port: int, rounds: int, max_tokens: int) -> dict[int, dict[str, float]]:
+async def measure(
+    port: int, models: list[str], concurrencies: list[int], rounds: int, max_tokens: int
+) -> dict[int, dict[str, float]]:
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=600, max_retries=0)
-    await run_round(client, 1, 8, seed=0)  # warm-up
+    await run_round(client, models, len(models), 8, seed=0)  # warm-up, every model once
     figures: dict[int, dict[str, float]] = {}
-    for concurrency in (1, 8):
-        samples = [await run_round(client, concurrency, max_tokens, seed=100 * r) for r in range(rounds)]
+    for concurrency in concurrencies:
+        samples = [await run_round(client, models, concurrency, max_tokens, seed=100 * r) for r in range(rounds)]
         figures[concurrency] = {key: statistics.median(s[key] for s in samples) for key in samples[0]}
         print(f"concurrency {concurrency}: " + ", ".join(f"{k} {v:.2f}" for k, v in figures[concurrency].items()))
     await client.close()
@@ -79,36 +118,69 @@ def main() -> None:
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--adapters",
+        type=int,
+        default=0,
+        help="serve N LoRA adapters and send the requests to them in turn (2: a canary at 50%%)",
+    )
+    parser.add_argument("--concurrency", default="1,8", help="comma-separated numbers of concurrent requests")
     parser.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
     args = parser.parse_args()
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
 
     load_before = os.getloadavg()[0]
     port = free_port()
-    server = start_server(args.model, port)
-    try:
-        figures = asyncio.run(measure(port, args.rounds, args.max_tokens))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with tempfile.TemporaryDirectory(prefix="bench-adapters-") as scratch:
+        adapters: list[Path] = []
+        if args.adapters:
+            from bench.promotion_latency import make_adapters
+            from learner.models import resolve_model_path
 
-    rows = [[c, f"{f['aggregate']:.1f}", f"{f['per_request']:.1f}", f"{f['latency']:.2f}"]
-            for c, f in figures.items()]
-    speedup = figures[8]["aggregate"] / figures[1]["aggregate"]
-    body = "\n\n".join([
-        f"`python -m bench.inference_throughput --rounds {args.rounds} --max-tokens {args.max_tokens}`: "
-        f"`apprentice serve-model --model {args.model}` (transformers + peft, fp32 on CPU), chat completions "
-        f"of exactly {args.max_tokens} tokens each (`ignore_eos`, temperature 1), through the official "
-        f"`openai` client; medians of {args.rounds} rounds after a warm-up.",
-        markdown_table(["concurrent requests", "tokens/s (all requests)", "tokens/s (one request)",
-                        "latency per request (s)"], rows),
-        f"8 concurrent requests are decoded as one batch: {speedup:.1f}x the throughput of one at a time.",
-        machine_line() + f" Load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after the run: "
-        "the cores were shared with other work, and on this machine figures have varied up to 3x between "
-        "runs (torch's threads stall when the cores are busy); compare the rows of one run, not runs.",
-    ])
+            adapters = make_adapters(str(resolve_model_path(args.model)), Path(scratch), args.adapters)
+        models = [adapter_name(i) for i in range(args.adapters)] or ["bench"]
+        server = start_server(args.model, port, adapters)
+        try:
+            figures = asyncio.run(measure(port, models, concurrencies, args.rounds, args.max_tokens))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+    rows = [[c, f"{f['aggregate']:.1f}", f"{f['per_request']:.1f}", f"{f['latency']:.2f}"] for c, f in figures.items()]
+    command = f"`python -m bench.inference_throughput --rounds {args.rounds} --max-tokens {args.max_tokens}"
+    command += f" --adapters {args.adapters}`" if args.adapters else "`"
+    served = (
+        f"requests sent in turn to {args.adapters} LoRA adapters (r=8 on all seven projections, as the "
+        "learner makes them) loaded with `--lora-modules`, "
+        if args.adapters
+        else ""
+    )
+    parts = [
+        f"{command}: `apprentice serve-model --model {args.model}` (transformers + peft, fp32 on CPU), {served}"
+        f"chat completions of exactly {args.max_tokens} tokens each (`ignore_eos`, temperature 1), through the "
+        f"official `openai` client; medians of {args.rounds} rounds after a warm-up.",
+        markdown_table(
+            ["concurrent requests", "tokens/s (all requests)", "tokens/s (one request)", "latency per request (s)"],
+            rows,
+        ),
+    ]
+    if 1 in figures and 8 in figures:
+        speedup = figures[8]["aggregate"] / figures[1]["aggregate"]
+        together = f" for {args.adapters} adapters" if args.adapters else ""
+        parts.append(
+            f"8 concurrent requests{together} are decoded as one batch: {speedup:.1f}x the throughput of one at a time."
+        )
+    body = "\n\n".join(
+        [
+            *parts,
+            machine_line() + f" Load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after the run: "
+            "the cores were shared with other work, and on this machine figures have varied up to 3x between "
+            "runs (torch's threads stall when the cores are busy); compare the rows of one run, not runs.",
+        ]
+    )
     print(body)
     if not args.no_write:
-        write_section(TITLE, body)
+        write_section(f"{TITLE}, {args.adapters} adapters" if args.adapters else TITLE, body)
 
 
 if __name__ == "__main__":

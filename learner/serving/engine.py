@@ -1,15 +1,26 @@
 """The generation engine: one background thread that batches requests and decodes them.
 
 Requests arrive from the event loop (`generate`) and wait in a queue. The engine thread keeps
-one running batch, all for the same adapter, with a KV cache (left padding + attention mask).
-Between decode steps it admits waiting requests for that adapter (continuous batching: their
-prompts are prefilled and their caches merged into the running one) and drops finished
-sequences. Requests for another adapter wait until the running batch drains, and once such a
-request is the oldest waiting one, nothing new joins the running batch, so no adapter starves.
+one running batch with a KV cache (left padding + attention mask). Its rows may belong to
+different adapters and to the base model: each forward pass gives peft one adapter name per row
+(`LoraManager.activate_rows`), so while a canary serves part of the traffic both versions decode
+in the same steps instead of taking turns. Between decode steps the engine admits waiting
+requests (continuous batching: their prompts are prefilled and their caches merged into the
+running one) and drops finished sequences.
 
-Adapter loads and unloads run on the same thread between steps (`call`), so the model never
-changes under a forward pass. torch releases the GIL while it computes, so the event loop keeps
-answering HTTP requests and streaming tokens meanwhile.
+Invariants:
+- Row i of the cache, the mask and the positions belongs to `seqs[i]`, and runs with the adapter
+  its request named (None: the base).
+- Admission is first come, first served over all adapters: the oldest waiting request joins
+  first, and one that does not fit the batch stops admission (younger requests do not overtake
+  it), so no request starves.
+- Every adapter a running sequence uses stays loaded and unchanged until it finishes: adapter
+  loads and unloads (`call`) run on the engine thread only while no batch runs, and while one
+  waits nothing new is admitted, so the running batch drains. A request whose adapter was
+  unloaded while it waited fails with UnknownAdapterError when its turn comes.
+
+torch releases the GIL while it computes, so the event loop keeps answering HTTP requests and
+streaming tokens meanwhile.
 """
 
 from __future__ import annotations
@@ -22,15 +33,15 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from learner.serving.adapters import LoraManager
-from learner.serving.sampling import (SamplingParams, make_generator, processed_logprobs, sample_row,
-                                      top_logprobs)
+from learner.serving.sampling import SamplingParams, make_generator, processed_logprobs, sample_row, top_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +81,18 @@ class EngineStats:
     tokens: int = 0
     max_batch_size: int = 0
     prefills: int = 0
+    mixed_steps: int = 0  # forward passes (prefills too) whose rows used several adapters, or an adapter and the base
 
 
 class _Request:
-    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, adapter: str | None,
-                 sink: Callable[[list[SequenceUpdate] | BaseException], None]) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        adapter: str | None,
+        sink: Callable[[list[SequenceUpdate] | BaseException], None],
+    ) -> None:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.params = params
@@ -101,13 +119,16 @@ class _Sequence:
 class _Batch:
     """The running batch: sequences, their KV cache and where each one stands."""
 
-    def __init__(self, adapter: str | None, seqs: list[_Sequence], cache: DynamicCache, mask: torch.Tensor,
-                 positions: torch.Tensor) -> None:
-        self.adapter = adapter
+    def __init__(self, seqs: list[_Sequence], cache: DynamicCache, mask: torch.Tensor, positions: torch.Tensor) -> None:
         self.seqs = seqs
         self.cache = cache
-        self.mask = mask          # [B, T] 1 for real tokens, 0 for left padding
+        self.mask = mask  # [B, T] 1 for real tokens, 0 for left padding
         self.positions = positions  # [B] position id of the next token to feed
+
+    @property
+    def adapters(self) -> list[str | None]:
+        """The adapter of each row (None: the base), in row order."""
+        return [s.request.adapter for s in self.seqs]
 
 
 def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
@@ -120,23 +141,45 @@ def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 
 def _cache_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    """Each layer's (keys, values), [B, heads, T, dim]: what merging and pruning rows slice.
+
+    Only attention layers with a plain key/value cache can be sliced by row and time; a model
+    with other cache layers (linear attention, sliding windows kept elsewhere) is refused here
+    rather than decoded wrongly.
+    """
+    tensors = []
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+            raise TypeError(f"the engine needs a key/value cache in every layer, not {type(layer).__name__}")
+        tensors.append((keys, values))
+    return tensors
 
 
 def _merge_caches(a: DynamicCache, b: DynamicCache, length: int) -> DynamicCache:
     """Stack two caches along the batch, left-padding the shorter one in time."""
     data = []
-    for (ka, va), (kb, vb) in zip(_cache_tensors(a), _cache_tensors(b)):
-        data.append((torch.cat([_left_pad(ka, length, 2), _left_pad(kb, length, 2)]),
-                     torch.cat([_left_pad(va, length, 2), _left_pad(vb, length, 2)])))
+    for (ka, va), (kb, vb) in zip(_cache_tensors(a), _cache_tensors(b), strict=True):
+        data.append(
+            (
+                torch.cat([_left_pad(ka, length, 2), _left_pad(kb, length, 2)]),
+                torch.cat([_left_pad(va, length, 2), _left_pad(vb, length, 2)]),
+            )
+        )
     return DynamicCache(ddp_cache_data=data)
 
 
 class GenerationEngine:
     """Batching generation over a transformers model whose adapters a LoraManager owns."""
 
-    def __init__(self, lora: LoraManager, tokenizer: Any, device: torch.device, max_batch_size: int = 16,
-                 max_model_len: int = 8192) -> None:
+    def __init__(
+        self,
+        lora: LoraManager,
+        tokenizer: Any,
+        device: torch.device,
+        max_batch_size: int = 16,
+        max_model_len: int = 8192,
+    ) -> None:
         self.lora = lora
         self.tokenizer = tokenizer
         self.device = device
@@ -194,8 +237,9 @@ class GenerationEngine:
             self._cond.notify_all()
         return await asyncio.wrap_future(future)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       adapter: str | None = None) -> AsyncIterator[list[SequenceUpdate]]:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, adapter: str | None = None
+    ) -> AsyncIterator[list[SequenceUpdate]]:
         """Yield each step's updates for this request until all its choices have finished."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[list[SequenceUpdate] | BaseException] = asyncio.Queue()
@@ -271,41 +315,38 @@ class GenerationEngine:
     # ------------------------------------------------------------ admission and prefill
 
     def _take_waiting(self) -> list[_Request]:
-        """Waiting requests that may join now, oldest first, within the batch size."""
+        """Waiting requests that may join now, whatever their adapter: oldest first, within the batch size.
+
+        The first request that does not fit ends the turn, so younger (smaller) requests never
+        overtake it; a request larger than the whole batch (n > max_batch_size) runs alone.
+        """
         with self._cond:
-            while self._waiting and self._waiting[0].cancelled:
-                self._waiting.popleft()
-            if not self._waiting or self._commands or self._draining:
+            if self._commands or self._draining:
                 return []
-            adapter = self._batch.adapter if self._batch else self._waiting[0].adapter
-            if self._batch is not None and self._waiting[0].adapter != adapter:
-                return []  # an older request needs another adapter: let this batch drain first
             room = self.max_batch_size - (len(self._batch.seqs) if self._batch else 0)
             taken: list[_Request] = []
-            for request in list(self._waiting):
-                if request.adapter != adapter or request.cancelled:
+            while self._waiting and room > 0:
+                request = self._waiting[0]
+                if request.cancelled:
+                    self._waiting.popleft()
                     continue
                 if request.params.n > room and (taken or self._batch is not None):
                     break
-                taken.append(request)
-                self._waiting.remove(request)
+                taken.append(self._waiting.popleft())
                 room -= request.params.n
-                if room <= 0:
-                    break
             return taken
 
     def _admit(self) -> None:
-        requests = self._take_waiting()
+        requests: list[_Request] = []
+        for request in self._take_waiting():
+            if request.adapter is not None and request.adapter not in self.lora.adapters:
+                request.sink(UnknownAdapterError(request.adapter))  # unloaded while it waited
+            else:
+                requests.append(request)
         if not requests:
             return
-        adapter = requests[0].adapter
-        if adapter is not None and adapter not in self.lora.adapters:
-            # unloaded while it waited
-            for request in requests:
-                request.sink(UnknownAdapterError(adapter))
-            return
         try:
-            new = self._prefill(adapter, requests)
+            new = self._prefill(requests)
         except Exception as exc:  # fail the newcomers only; the running batch goes on
             log.exception("prefill failed")
             for request in requests:
@@ -314,7 +355,7 @@ class GenerationEngine:
         self._batch = new if self._batch is None else self._merge(self._batch, new)
         self._prune()
 
-    def _prefill(self, adapter: str | None, requests: list[_Request]) -> _Batch:
+    def _prefill(self, requests: list[_Request]) -> _Batch:
         """Run the prompts of newly admitted requests (n rows each) and sample their first tokens."""
         seqs = [_Sequence(r, i, self.device) for r in requests for i in range(r.params.n)]
         prompts = [s.request.prompt_ids for s in seqs]
@@ -322,14 +363,14 @@ class GenerationEngine:
         input_ids = torch.full((len(seqs), length), self.tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), length), dtype=torch.long)
         for row, prompt in enumerate(prompts):
-            input_ids[row, length - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, length - len(prompt):] = 1
+            input_ids[row, length - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, length - len(prompt) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        logits = self._forward(adapter, input_ids, mask, position_ids, cache)
+        new = _Batch(seqs, cache, mask, mask.sum(-1))
+        logits = self._forward(new.adapters, input_ids, mask, position_ids, cache)
         self.stats.prefills += 1
-        new = _Batch(adapter, seqs, cache, mask, mask.sum(-1))
         self._sample_and_emit(new, logits)
         return new
 
@@ -337,7 +378,7 @@ class GenerationEngine:
         length = max(old.mask.shape[1], new.mask.shape[1])
         cache = _merge_caches(old.cache, new.cache, length)
         mask = torch.cat([_left_pad(old.mask, length, 1), _left_pad(new.mask, length, 1)])
-        return _Batch(old.adapter, old.seqs + new.seqs, cache, mask, torch.cat([old.positions, new.positions]))
+        return _Batch(old.seqs + new.seqs, cache, mask, torch.cat([old.positions, new.positions]))
 
     # ------------------------------------------------------------ decoding
 
@@ -346,19 +387,28 @@ class GenerationEngine:
         assert batch is not None
         last = torch.tensor([s.output_ids[-1] for s in batch.seqs], dtype=torch.long, device=self.device)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.seqs), 1))], dim=1)
-        logits = self._forward(batch.adapter, last.unsqueeze(-1), batch.mask, batch.positions.unsqueeze(-1),
-                               batch.cache)
+        logits = self._forward(
+            batch.adapters, last.unsqueeze(-1), batch.mask, batch.positions.unsqueeze(-1), batch.cache
+        )
         batch.positions = batch.positions + 1
         self._sample_and_emit(batch, logits)
         self._prune()
 
-    def _forward(self, adapter: str | None, input_ids: torch.Tensor, mask: torch.Tensor,
-                 position_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        """One forward pass that extends `cache` in place; returns the last position's logits."""
-        kwargs = {self._cache_kwarg: cache, "use_cache": True}
+    def _forward(
+        self,
+        adapters: Sequence[str | None],
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
+    ) -> torch.Tensor:
+        """One forward pass, row i with `adapters[i]`, that extends `cache` in place; returns the last logits."""
+        kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}
         if self._logits_kwarg:
             kwargs[self._logits_kwarg] = 1  # the lm_head only where we sample
-        with self.lora.activate(adapter) as model:
+        if len(set(adapters)) > 1:
+            self.stats.mixed_steps += 1
+        with self.lora.activate_rows(adapters) as model:
             out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, **kwargs)
         return out.logits[:, -1, :]
 
@@ -366,8 +416,9 @@ class GenerationEngine:
         """Sample one token per sequence, check stop conditions and send each request its updates."""
         self.stats.steps += 1
         self.stats.max_batch_size = max(self.stats.max_batch_size, len(batch.seqs))
-        temperatures = torch.tensor([s.params.temperature for s in batch.seqs], dtype=torch.float32,
-                                    device=logits.device)
+        temperatures = torch.tensor(
+            [s.params.temperature for s in batch.seqs], dtype=torch.float32, device=logits.device
+        )
         logprobs = processed_logprobs(logits, temperatures)
         tokens = [sample_row(logprobs[row], s.params, s.generator) for row, s in enumerate(batch.seqs)]
         chosen = logprobs.gather(1, torch.tensor(tokens, device=logits.device).unsqueeze(-1)).squeeze(-1).tolist()
@@ -404,10 +455,12 @@ class GenerationEngine:
             hits = [(at, s) for at, s in hits if at >= 0]
             if hits:
                 at, stop = min(hits)
-                text = text[:at + len(stop)] if params.include_stop_str_in_output else text[:at]
+                text = text[: at + len(stop)] if params.include_stop_str_in_output else text[:at]
                 finish_reason, stop_reason = "stop", stop
-        if finish_reason is None and (len(seq.output_ids) >= params.max_tokens
-                                      or len(seq.request.prompt_ids) + len(seq.output_ids) >= self.max_model_len):
+        if finish_reason is None and (
+            len(seq.output_ids) >= params.max_tokens
+            or len(seq.request.prompt_ids) + len(seq.output_ids) >= self.max_model_len
+        ):
             finish_reason = "length"
         seq.text = text
         if finish_reason is not None or seq.request.cancelled:
@@ -418,7 +471,7 @@ class GenerationEngine:
             end = len(text) - (max(len(s) for s in params.stop) - 1 if params.stop else 0)
             while end > seq.emitted and text[end - 1] == "\ufffd":
                 end -= 1
-        delta = text[seq.emitted:max(end, seq.emitted)]
+        delta = text[seq.emitted : max(end, seq.emitted)]
         seq.emitted = max(end, seq.emitted)
         return SequenceUpdate(seq.index, [token], delta, [entry] if entry else [], finish_reason, stop_reason)
 
@@ -436,7 +489,13 @@ class GenerationEngine:
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         mask = batch.mask.index_select(0, index)
         first = int((mask.sum(0) > 0).nonzero()[0].item())  # leading columns that are padding for all
-        data = [(k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:])
-                for k, v in _cache_tensors(batch.cache)]
-        self._batch = _Batch(batch.adapter, [batch.seqs[r] for r in keep], DynamicCache(ddp_cache_data=data),
-                             mask[:, first:], batch.positions.index_select(0, index))
+        data = [
+            (k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:])
+            for k, v in _cache_tensors(batch.cache)
+        ]
+        self._batch = _Batch(
+            [batch.seqs[r] for r in keep],
+            DynamicCache(ddp_cache_data=data),
+            mask[:, first:],
+            batch.positions.index_select(0, index),
+        )
