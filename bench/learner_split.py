@@ -49,8 +49,12 @@ class Traffic:
         while not self._stop.is_set():
             seed += 1
             answer = await client.chat.completions.create(
-                model="bench", messages=[{"role": "user", "content": PROMPT.format(THINGS[seed % len(THINGS)])}],
-                max_tokens=self.max_tokens, temperature=1.0, seed=seed)
+                model="bench",
+                messages=[{"role": "user", "content": PROMPT.format(THINGS[seed % len(THINGS)])}],
+                max_tokens=self.max_tokens,
+                temperature=1.0,
+                seed=seed,
+            )
             self.done.append((time.time(), answer.usage.completion_tokens if answer.usage else 0))
 
     async def _run(self) -> None:
@@ -104,17 +108,37 @@ def train_child(args: argparse.Namespace) -> None:
     sys.stdin.readline()  # the parent says go
     start = time.time()
     result = trainer.train(samples)
-    print(json.dumps({"load_s": load_s, "start": start, "end": time.time(), "steps": result.optimizer_steps,
-                      "threads": torch.get_num_threads(), "train_s": result.duration_s}), flush=True)
+    print(
+        json.dumps(
+            {
+                "load_s": load_s,
+                "start": start,
+                "end": time.time(),
+                "steps": result.optimizer_steps,
+                "threads": torch.get_num_threads(),
+                "train_s": result.duration_s,
+            }
+        ),
+        flush=True,
+    )
 
 
 class Child:
     """A training child process: loaded and warmed up, trains one run when told to."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        command = [sys.executable, "-m", "bench.learner_split", "--child", "--model", args.model, "--samples",
-                   str(args.samples), "--nice", str(args.nice)] + (["--threads", str(args.threads)] if args.threads
-                                                                  else [])
+        command = [
+            sys.executable,
+            "-m",
+            "bench.learner_split",
+            "--child",
+            "--model",
+            args.model,
+            "--samples",
+            str(args.samples),
+            "--nice",
+            str(args.nice),
+        ] + (["--threads", str(args.threads)] if args.threads else [])
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._line()  # ready
 
@@ -171,13 +195,19 @@ def main() -> None:
         traffic.stop()
     finally:
         server.stop()
-    print(f"cores {os.cpu_count()}, training threads {quiet['threads']}, nice {args.nice}, "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"cores {os.cpu_count()}, training threads {quiet['threads']}, nice {args.nice}, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"model load (paid once by a long-lived learner): {quiet['load_s']:.1f}s")
-    print(f"training run, {args.samples} sequences, {quiet['steps']} optimizer steps: "
-          f"{quiet['train_s']:.1f}s without traffic, {busy['train_s']:.1f}s with traffic")
-    print(f"serving, {args.concurrency} clients: idle {idle[0]:.2f} completions/s ({idle[1]:.0f} tokens/s); "
-          f"while training {during[0]:.2f} completions/s ({during[1]:.0f} tokens/s)")
+    print(
+        f"training run, {args.samples} sequences, {quiet['steps']} optimizer steps: "
+        f"{quiet['train_s']:.1f}s without traffic, {busy['train_s']:.1f}s with traffic"
+    )
+    print(
+        f"serving, {args.concurrency} clients: idle {idle[0]:.2f} completions/s ({idle[1]:.0f} tokens/s); "
+        f"while training {during[0]:.2f} completions/s ({during[1]:.0f} tokens/s)"
+    )
 
 
 if __name__ == "__main__":

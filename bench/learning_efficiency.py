@@ -165,6 +165,12 @@ TASKS = {
 }
 
 
+def eval_plan() -> tuple[list[str], int]:
+    """The held-out prompts and the answers per prompt that make EVAL_SAMPLES samples."""
+    topics = EVAL_TOPICS[: max(1, min(len(EVAL_TOPICS), EVAL_SAMPLES))]
+    return topics, max(1, EVAL_SAMPLES // len(topics))
+
+
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -297,10 +303,10 @@ class BareLoop:
         return float(rewards.mean())
 
     def evaluate(self, task: Task) -> Evaluation:
-        per_prompt = max(1, EVAL_SAMPLES // len(EVAL_TOPICS))
+        topics, per_prompt = eval_plan()
         successes, n = 0.0, 0
-        for start in range(0, len(EVAL_TOPICS), 8):
-            prompts = [task.prompt(t) for t in EVAL_TOPICS[start : start + 8]]
+        for start in range(0, len(topics), 8):
+            prompts = [task.prompt(t) for t in topics[start : start + 8]]
             _, _, answers, ended = self.sample(prompts, per_prompt)
             successes += sum(task.score(a, e) for a, e in zip(answers, ended, strict=True))
             n += len(answers)
@@ -407,7 +413,7 @@ async def evaluate_served(model_url: str, model: str, task: Task) -> Evaluation:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=model_url, api_key="bench", max_retries=2, timeout=300)
-    per_prompt = max(1, EVAL_SAMPLES // len(EVAL_TOPICS))
+    topics, per_prompt = eval_plan()
     semaphore = asyncio.Semaphore(8)
 
     async def one(topic: str) -> float:
@@ -422,9 +428,9 @@ async def evaluate_served(model_url: str, model: str, task: Task) -> Evaluation:
             )
         return sum(task.score(c.message.content or "", c.finish_reason == "stop") for c in completion.choices)
 
-    scores = await asyncio.gather(*(one(t) for t in EVAL_TOPICS))
+    scores = await asyncio.gather(*(one(t) for t in topics))
     await client.close()
-    return Evaluation(sum(scores), per_prompt * len(EVAL_TOPICS))
+    return Evaluation(sum(scores), per_prompt * len(topics))
 
 
 def serving(gateway_url: str) -> dict[str, Any]:
@@ -533,13 +539,16 @@ def report(results: dict[str, tuple[Task, LoopResult, LoopResult, float]], comma
 
 
 def main() -> None:
+    global EVAL_SAMPLES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", action="append", choices=sorted(TASKS), help="Repeatable; default: all.")
     parser.add_argument("--samples", type=int, default=None, help="Rewarded samples per loop (default: per task).")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="torch threads of the bare loop.")
     parser.add_argument("--settle", type=float, default=45.0, help="Seconds after the traffic for the last verdict.")
+    parser.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES, help="Held-out samples per evaluation.")
     parser.add_argument("--no-write", action="store_true", help="Print only; leave docs/benchmarks.md alone.")
     args = parser.parse_args()
+    EVAL_SAMPLES = args.eval_samples
     from learner.models import fetch_default_model
 
     model_dir = fetch_default_model()

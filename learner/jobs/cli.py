@@ -28,8 +28,14 @@ def learn_command(config_path: str | None, policy: str, progress: bool, log_leve
     if settings.policy(policy) is None:
         raise click.ClickException(f"no policy named {policy!r} in the configuration")
     outcome = run_once(settings, policy, trigger="cli", progress=progress)
-    summary = {"status": outcome.status, "policy": outcome.policy, "run_id": outcome.run_id,
-               "version": outcome.version_name, "path": outcome.path, "error": outcome.error}
+    summary = {
+        "status": outcome.status,
+        "policy": outcome.policy,
+        "run_id": outcome.run_id,
+        "version": outcome.version_name,
+        "path": outcome.path,
+        "error": outcome.error,
+    }
     train = outcome.metrics.get("train") or {}
     for key in ("optimizer_steps", "samples", "loss", "kl", "clip_fraction", "loss_tokens", "duration_s"):
         if key in train:
@@ -44,14 +50,26 @@ def learn_command(config_path: str | None, policy: str, progress: bool, log_leve
 @click.command("learner")
 @config_option
 @click.option("--policy", "policies", multiple=True, help="Only these policies (repeatable; default: all).")
-@click.option("--promotion-interval", type=float, default=30.0, show_default=True,
-              help="Seconds between promotion passes (gates, canaries, endpoints, retention); 0: none here.")
-@click.option("--nice", "niceness", type=click.IntRange(0, 19), default=10, show_default=True,
-              help="Lower this process's CPU priority by this much: on a machine that also serves, requests "
-                   "come first and training takes the slack.")
+@click.option(
+    "--promotion-interval",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds between promotion passes (gates, canaries, endpoints, retention); 0: none here.",
+)
+@click.option(
+    "--nice",
+    "niceness",
+    type=click.IntRange(0, 19),
+    default=10,
+    show_default=True,
+    help="Lower this process's CPU priority by this much: on a machine that also serves, requests "
+    "come first and training takes the slack.",
+)
 @click.option("--log-level", default="info", show_default=True)
-def learner_command(config_path: str | None, policies: tuple[str, ...], promotion_interval: float, niceness: int,
-                    log_level: str) -> None:
+def learner_command(
+    config_path: str | None, policies: tuple[str, ...], promotion_interval: float, niceness: int, log_level: str
+) -> None:
     """Run the learner service: each policy on its schedule and its new-groups trigger."""
     from learner.jobs.scheduler import Learner
 

@@ -48,13 +48,14 @@ from psycopg.types.json import Jsonb
 
 from apprentice.promotion import lifecycle
 from apprentice.settings import PolicySettings, Settings
-from learner.grpo.advantages import group_advantages
-from learner.grpo.grouping import Grouping, make_groups
+from learner.grpo.advantages import AdvantageKind, group_advantages
+from learner.grpo.grouping import Grouping, Member, make_groups
 from learner.jobs.selection import Selection, select
 from learner.jobs.session import PolicyTrainer, training_threads
 
 if TYPE_CHECKING:  # imported by the functions that train: they pull in torch
     from apprentice.promotion.rows import AdapterVersion
+    from learner.grpo.tokens import Segment
     from learner.grpo.trainer import TrainResult, TrainSample
 
 log = logging.getLogger(__name__)
@@ -91,10 +92,17 @@ def code_version() -> str:
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
     source = digest.hexdigest()[:12]
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", *_SOURCE_DIRS], cwd=root, capture_output=True,
-                               text=True, timeout=5, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", *_SOURCE_DIRS],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
         return f"git:{commit}{'+dirty' if dirty else ''} src:{source}"
     except (OSError, subprocess.SubprocessError):
         from importlib.metadata import PackageNotFoundError, version
@@ -121,30 +129,43 @@ def learner_database_url(settings: Settings, database_url: str | None = None) ->
 
 # ------------------------------------------------------------------ run bookkeeping
 
-def _start_run(connection: psycopg.Connection[Any], policy: PolicySettings, trigger: str,
-               config: dict[str, Any]) -> str:
+
+def _start_run(
+    connection: psycopg.Connection[Any], policy: PolicySettings, trigger: str, config: dict[str, Any]
+) -> str:
     run_id = str(uuid.uuid4())
     with connection.transaction():
         connection.execute(
             "UPDATE training_runs SET status = 'failed', finished_at = now(), "
             "error = 'interrupted: the learner ended before finishing this run' "
-            "WHERE policy = %s AND status = 'running'", (policy.name,))
+            "WHERE policy = %s AND status = 'running'",
+            (policy.name,),
+        )
         connection.execute(
             "INSERT INTO training_runs (id, policy, status, trigger, host, pid, code_version, config) "
             "VALUES (%s, %s, 'running', %s, %s, %s, %s, %s)",
-            (run_id, policy.name, trigger, socket.gethostname(), os.getpid(), code_version(), Jsonb(config)))
+            (run_id, policy.name, trigger, socket.gethostname(), os.getpid(), code_version(), Jsonb(config)),
+        )
     return run_id
 
 
-def _finish_run(connection: psycopg.Connection[Any], run_id: str, status: str, *, error: str | None = None,
-                columns: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None) -> None:
+def _finish_run(
+    connection: psycopg.Connection[Any],
+    run_id: str,
+    status: str,
+    *,
+    error: str | None = None,
+    columns: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
+) -> None:
     columns = dict(columns or {})
     assignments = ", ".join(f"{name} = %({name})s" for name in columns)
     connection.execute(
         f"UPDATE training_runs SET status = %(status)s, finished_at = now(), error = %(error)s, "
         f"duration_s = extract(epoch FROM now() - started_at), metrics = %(metrics)s"
         f"{', ' + assignments if assignments else ''} WHERE id = %(id)s",
-        {**columns, "status": status, "error": error, "metrics": Jsonb(_jsonable(metrics or {})), "id": run_id})
+        {**columns, "status": status, "error": error, "metrics": Jsonb(_jsonable(metrics or {})), "id": run_id},
+    )
 
 
 def _jsonable(value: Any) -> Any:
@@ -156,7 +177,8 @@ def _mark(connection: psycopg.Connection[Any], run_id: str, trajectory_ids: list
         return 0
     cursor = connection.execute(
         "UPDATE trajectories SET trained_in_run_id = %s WHERE id = ANY(%s::uuid[]) AND trained_in_run_id IS NULL",
-        (run_id, trajectory_ids))
+        (run_id, trajectory_ids),
+    )
     return cursor.rowcount
 
 
@@ -181,15 +203,22 @@ def _remove_orphan_adapters(connection: psycopg.Connection[Any], directory: Path
 
 # ------------------------------------------------------------------ the run
 
+
 def _grouping_metrics(grouping: Grouping, selection: Selection) -> dict[str, Any]:
     head = selection.lineage.head
-    return {"groups": grouping.counts(), "skipped_trajectories": dict(selection.skipped),
-            "stale_trajectories": selection.stale_counts, "candidates": len(selection.candidates),
-            "waiting_unrewarded": len(selection.waiting), "from_version": head.name if head else None}
+    return {
+        "groups": grouping.counts(),
+        "skipped_trajectories": dict(selection.skipped),
+        "stale_trajectories": selection.stale_counts,
+        "candidates": len(selection.candidates),
+        "waiting_unrewarded": len(selection.waiting),
+        "from_version": head.name if head else None,
+    }
 
 
-def _samples(grouping: Grouping, selection: Selection, tokenizer: Any, advantage: str,
-             min_group_size: int) -> tuple[list[TrainSample], dict[str, int]]:
+def _samples(
+    grouping: Grouping, selection: Selection, tokenizer: Any, advantage: AdvantageKind, min_group_size: int
+) -> tuple[list[TrainSample], dict[str, int]]:
     """Tokenized samples with advantages for the usable groups, and how many trajectories would not
     tokenize (by error)."""
     from learner.grpo.tokens import TokenizationError, trajectory_segments
@@ -198,27 +227,35 @@ def _samples(grouping: Grouping, selection: Selection, tokenizer: Any, advantage
     samples: list[TrainSample] = []
     skipped: dict[str, int] = {}
     for group in grouping.usable:
-        members = []
+        members: list[tuple[Member, float, list[Segment]]] = []
         for member in group.members:
+            if member.reward is None:  # usable groups hold rewarded members only; a late change is skipped
+                continue
             try:
                 segments = trajectory_segments(tokenizer, selection.candidates[member.trajectory_id].calls)
             except TokenizationError as exc:
                 key = type(exc).__name__
                 skipped[key] = skipped.get(key, 0) + 1
                 continue
-            members.append((member, segments))
-        rewards = [m.reward for m, _ in members]
-        if len(members) < min_group_size or max(rewards) == min(rewards):  # type: ignore[type-var]
+            members.append((member, float(member.reward), segments))
+        rewards = [reward for _, reward, _ in members]
+        if len(members) < min_group_size or max(rewards) == min(rewards):
             continue  # what is left after tokenization carries no signal; retried next run
-        advantages = group_advantages(rewards, advantage)  # type: ignore[arg-type]
-        for (member, segments), adv in zip(members, advantages, strict=True):
-            samples.append(TrainSample(member.trajectory_id, float(member.reward), adv,  # type: ignore[arg-type]
-                                       segments))
+        advantages = group_advantages(rewards, advantage)
+        for (member, reward, segments), adv in zip(members, advantages, strict=True):
+            samples.append(TrainSample(member.trajectory_id, reward, adv, segments))
     return samples, skipped
 
 
-def run_once(settings: Settings, policy_name: str, *, trigger: str = "manual", progress: bool = False,
-             database_url: str | None = None, trainer: PolicyTrainer | None = None) -> RunOutcome:
+def run_once(
+    settings: Settings,
+    policy_name: str,
+    *,
+    trigger: str = "manual",
+    progress: bool = False,
+    database_url: str | None = None,
+    trainer: PolicyTrainer | None = None,
+) -> RunOutcome:
     """One learner run for `policy_name` (see the module docstring). Never raises for a failed run.
 
     `trainer`: the policy's long-lived trainer (the scheduler keeps one per policy); without one
@@ -234,13 +271,15 @@ def run_once(settings: Settings, policy_name: str, *, trigger: str = "manual", p
         return RunOutcome("disabled", policy.name)
     url = learner_database_url(settings, database_url)
     with psycopg.connect(url, autocommit=True) as connection:
-        locked = connection.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                                    (LOCK_CLASS, lock_key(policy.name))).fetchone()
+        locked = connection.execute(
+            "SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(policy.name))
+        ).fetchone()
         if locked is None or not locked[0]:
             return RunOutcome("busy", policy.name, error="another learner holds this policy's lock")
         try:
-            paused = connection.execute("SELECT learning_paused FROM policy_state WHERE policy = %s",
-                                        (policy.name,)).fetchone()
+            paused = connection.execute(
+                "SELECT learning_paused FROM policy_state WHERE policy = %s", (policy.name,)
+            ).fetchone()
             if paused and paused[0]:
                 return RunOutcome("paused", policy.name)
             return _locked_run(connection, settings, policy, trainer, trigger, progress)
@@ -286,8 +325,14 @@ class RunContext:
         return RunOutcome("skipped", self.policy.name, self.run_id, metrics=self.metrics, error=reason)
 
 
-def _locked_run(connection: psycopg.Connection[Any], settings: Settings, policy: PolicySettings,
-                trainer: PolicyTrainer, trigger: str, progress: bool) -> RunOutcome:
+def _locked_run(
+    connection: psycopg.Connection[Any],
+    settings: Settings,
+    policy: PolicySettings,
+    trainer: PolicyTrainer,
+    trigger: str,
+    progress: bool,
+) -> RunOutcome:
     learning = policy.learning
     started = time.monotonic()
     config = {"policy": policy.name, "base_model": policy.base_model, "learning": learning.model_dump(mode="json")}
@@ -299,11 +344,16 @@ def _locked_run(connection: psycopg.Connection[Any], settings: Settings, policy:
         selection = select(connection, policy.name, policy.base_model, learning)
         grouping = make_groups(selection.members, learning.min_group_size, selection.now, learning.reward_wait_s)
         metrics.update(_grouping_metrics(grouping, selection))
-        run = RunContext(connection, policy, trainer, run_id, selection, grouping, directory, progress, started,
-                         metrics)
+        run = RunContext(
+            connection, policy, trainer, run_id, selection, grouping, directory, progress, started, metrics
+        )
         if grouping.greedy:
-            log.warning("policy %s: %d groups were sampled greedily (temperature 0 or identical answers) and "
-                        "taught nothing; set the policy's temperature", policy.name, len(grouping.greedy))
+            log.warning(
+                "policy %s: %d groups were sampled greedily (temperature 0 or identical answers) and "
+                "taught nothing; set the policy's temperature",
+                policy.name,
+                len(grouping.greedy),
+            )
         if not grouping.usable:
             return run.skip("no group with a learning signal", {**run.group_counts, "groups": 0, "trajectories": 0})
         return _train_and_record(run)
@@ -329,16 +379,22 @@ def _train_and_record(run: RunContext) -> RunOutcome:
     trainer = run.trainer
     torch.set_num_threads(training_threads(learning))
     loads = (trainer.base_loads, trainer.adapter_loads)
-    samples, skipped = _samples(run.grouping, run.selection, trainer.load_base(), learning.advantage,
-                                learning.min_group_size)
+    samples, skipped = _samples(
+        run.grouping, run.selection, trainer.load_base(), learning.advantage, learning.min_group_size
+    )
     run.metrics["tokenization_skipped"] = skipped
     head = run.head
     start = trainer.start_from(head)
-    run.metrics.update({"device": str(next(trainer.model.parameters()).device),
-                        "dtype": str(next(trainer.base.parameters()).dtype).replace("torch.", ""),
-                        "start": start, "threads": torch.get_num_threads(),
-                        "base_model_loaded": trainer.base_loads > loads[0],
-                        "adapter_loaded": trainer.adapter_loads > loads[1]})
+    run.metrics.update(
+        {
+            "device": str(next(trainer.model.parameters()).device),
+            "dtype": str(next(trainer.base.parameters()).dtype).replace("torch.", ""),
+            "start": start,
+            "threads": torch.get_num_threads(),
+            "base_model_loaded": trainer.base_loads > loads[0],
+            "adapter_loaded": trainer.adapter_loads > loads[1],
+        }
+    )
     with trainer.attempt():
         torch.manual_seed(learning.seed)
         result = _train(run, samples, head, fresh=head is None)
@@ -353,10 +409,16 @@ def _train_and_record(run: RunContext) -> RunOutcome:
 def _train(run: RunContext, samples: list[TrainSample], head: AdapterVersion | None, *, fresh: bool) -> TrainResult:
     from learner.grpo.trainer import GRPOTrainer, TrainerConfig
 
-    trainer = GRPOTrainer(run.trainer.model, TrainerConfig.from_settings(run.policy.learning),
-                          start_version=str(head.id) if head else None, version_paths=run.selection.version_paths(),
-                          fresh=fresh, pad_token_id=run.trainer.tokenizer.pad_token_id or 0, progress=run.progress,
-                          optimizer=run.trainer.optimizer)
+    trainer = GRPOTrainer(
+        run.trainer.model,
+        TrainerConfig.from_settings(run.policy.learning),
+        start_version=str(head.id) if head else None,
+        version_paths=run.selection.version_paths(),
+        fresh=fresh,
+        pad_token_id=run.trainer.tokenizer.pad_token_id or 0,
+        progress=run.progress,
+        optimizer=run.trainer.optimizer,
+    )
     result = trainer.train(samples)
     run.metrics["train"] = result.as_metrics()
     # read by the promotion gates (apprentice.promotion.gates.kl_of): drift from the version this
@@ -365,21 +427,34 @@ def _train(run: RunContext, samples: list[TrainSample], head: AdapterVersion | N
     return result
 
 
-def _result_columns(run: RunContext, samples: list[TrainSample], trained_ids: list[str], result: TrainResult,
-                    head: AdapterVersion | None) -> dict[str, Any]:
+def _result_columns(
+    run: RunContext,
+    samples: list[TrainSample],
+    trained_ids: list[str],
+    result: TrainResult,
+    head: AdapterVersion | None,
+) -> dict[str, Any]:
     """The training_runs columns a run that trained fills in (besides status, metrics and timing)."""
     rewards = [s.reward for s in samples]
-    return {**run.group_counts, "groups": len(run.grouping.usable), "trajectories": len(trained_ids),
-            "samples": result.samples, "tokens": result.loss_tokens, "loss": result.loss, "kl": result.kl,
-            "clip_fraction": result.clip_fraction,
-            "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-            # the signed mean of group-relative advantages is 0 by construction; the mean size says more
-            "mean_advantage": sum(abs(s.advantage) for s in samples) / len(samples) if samples else None,
-            "from_version_id": str(head.id) if head else None}
+    return {
+        **run.group_counts,
+        "groups": len(run.grouping.usable),
+        "trajectories": len(trained_ids),
+        "samples": result.samples,
+        "tokens": result.loss_tokens,
+        "loss": result.loss,
+        "kl": result.kl,
+        "clip_fraction": result.clip_fraction,
+        "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+        # the signed mean of group-relative advantages is 0 by construction; the mean size says more
+        "mean_advantage": sum(abs(s.advantage) for s in samples) / len(samples) if samples else None,
+        "from_version_id": str(head.id) if head else None,
+    }
 
 
-def _save_and_record(run: RunContext, trained_ids: list[str], columns: dict[str, Any],
-                     head: AdapterVersion | None) -> RunOutcome:
+def _save_and_record(
+    run: RunContext, trained_ids: list[str], columns: dict[str, Any], head: AdapterVersion | None
+) -> RunOutcome:
     """Save the adapter under the next version's name, then commit the candidate (child of the head)
     with the run's end; the trainer then holds the new version."""
     from learner.grpo.adapters import save_adapter
@@ -393,22 +468,42 @@ def _save_and_record(run: RunContext, trained_ids: list[str], columns: dict[str,
     save_adapter(run.trainer.model, out_dir, policy.base_model)
     config = json.loads((out_dir / "adapter_config.json").read_text())
     candidate = lifecycle.NewCandidate(
-        id=uuid.uuid4(), policy=policy.name, version=number, name=name, base_model=policy.base_model,
-        path=str(out_dir), parent_version_id=head.id if head else None,
-        training_run_id=uuid.UUID(run.run_id), rank=int(config["r"]), alpha=float(config["lora_alpha"]),
-        target_modules=list(config.get("target_modules") or []))
+        id=uuid.uuid4(),
+        policy=policy.name,
+        version=number,
+        name=name,
+        base_model=policy.base_model,
+        path=str(out_dir),
+        parent_version_id=head.id if head else None,
+        training_run_id=uuid.UUID(run.run_id),
+        rank=int(config["r"]),
+        alpha=float(config["lora_alpha"]),
+        target_modules=list(config.get("target_modules") or []),
+    )
     run.metrics["duration_s"] = time.monotonic() - run.started
     try:
         with run.connection.transaction():
             lifecycle.record_candidate(run.connection, candidate)
             _mark(run.connection, run.run_id, trained_ids + run.set_aside)
-            _finish_run(run.connection, run.run_id, "succeeded",
-                        columns={**columns, "produced_version_id": str(candidate.id)}, metrics=run.metrics)
+            _finish_run(
+                run.connection,
+                run.run_id,
+                "succeeded",
+                columns={**columns, "produced_version_id": str(candidate.id)},
+                metrics=run.metrics,
+            )
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
         raise
     run.trainer.commit(str(candidate.id))
-    log.info("policy %s: run %s produced candidate %s (%d trajectories, %d groups, loss %.4f, %.1fs)", policy.name,
-             run.run_id, name, len(trained_ids), len(run.grouping.usable), columns["loss"], run.metrics["duration_s"])
-    return RunOutcome("succeeded", policy.name, run.run_id, str(candidate.id), name, str(out_dir),
-                      metrics=run.metrics)
+    log.info(
+        "policy %s: run %s produced candidate %s (%d trajectories, %d groups, loss %.4f, %.1fs)",
+        policy.name,
+        run.run_id,
+        name,
+        len(trained_ids),
+        len(run.grouping.usable),
+        columns["loss"],
+        run.metrics["duration_s"],
+    )
+    return RunOutcome("succeeded", policy.name, run.run_id, str(candidate.id), name, str(out_dir), metrics=run.metrics)

@@ -41,8 +41,13 @@ log = logging.getLogger(__name__)
 class Learner:
     """The scheduled learner for every policy whose learning is enabled."""
 
-    def __init__(self, settings: Settings, policies: list[str] | None = None, database_url: str | None = None,
-                 promotion_interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        policies: list[str] | None = None,
+        database_url: str | None = None,
+        promotion_interval_s: float | None = None,
+    ) -> None:
         self.settings = settings
         # None: this learner does not run the promotion job (another process does, or nobody).
         self.promotion_interval_s = promotion_interval_s
@@ -62,14 +67,19 @@ class Learner:
 
     def run(self, policy: str, trigger: str) -> RunOutcome | None:
         with self._run_lock:
-            outcome = run_once(self.settings, policy, trigger=trigger, database_url=self.url,
-                               trainer=self.trainers.get(policy))
+            outcome = run_once(
+                self.settings, policy, trigger=trigger, database_url=self.url, trainer=self.trainers.get(policy)
+            )
         self.outcomes.append(outcome)
         if outcome.status == "succeeded" and self.promotion_interval_s is not None:
             self.promote([policy])  # the new candidate's gates and canary start now, not at the next tick
-        log.info("learner %s (%s): %s%s", policy, trigger, outcome.status,
-                 f" -> {outcome.version_name}" if outcome.version_name else
-                 (f" ({outcome.error})" if outcome.error else ""))
+        log.info(
+            "learner %s (%s): %s%s",
+            policy,
+            trigger,
+            outcome.status,
+            f" -> {outcome.version_name}" if outcome.version_name else (f" ({outcome.error})" if outcome.error else ""),
+        )
         return outcome
 
     def promote(self, policies: list[str] | None = None) -> Any:
@@ -110,25 +120,44 @@ class Learner:
         from apscheduler.triggers.interval import IntervalTrigger
 
         cls = BlockingScheduler if blocking else BackgroundScheduler
-        scheduler = cls(executors={"default": ThreadPoolExecutor(1), "promotion": ThreadPoolExecutor(1)},
-                        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+        scheduler = cls(
+            executors={"default": ThreadPoolExecutor(1), "promotion": ThreadPoolExecutor(1)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
         for policy in self.policies:
             learning = policy.learning
             schedule = learning.schedule
             if schedule is not None:
-                trigger = (IntervalTrigger(seconds=float(schedule)) if isinstance(schedule, (int, float))
-                           else CronTrigger.from_crontab(schedule))
-                scheduler.add_job(self.run, trigger, args=[policy.name, "schedule"], id=f"schedule:{policy.name}",
-                                  name=f"learner {policy.name} (schedule)")
+                trigger = (
+                    IntervalTrigger(seconds=float(schedule))
+                    if isinstance(schedule, (int, float))
+                    else CronTrigger.from_crontab(schedule)
+                )
+                scheduler.add_job(
+                    self.run,
+                    trigger,
+                    args=[policy.name, "schedule"],
+                    id=f"schedule:{policy.name}",
+                    name=f"learner {policy.name} (schedule)",
+                )
             if learning.min_new_groups is not None:
-                scheduler.add_job(self.check_trigger, IntervalTrigger(seconds=learning.trigger_poll_s),
-                                  args=[policy], id=f"trigger:{policy.name}",
-                                  name=f"learner {policy.name} (>= {learning.min_new_groups} new groups)")
+                scheduler.add_job(
+                    self.check_trigger,
+                    IntervalTrigger(seconds=learning.trigger_poll_s),
+                    args=[policy],
+                    id=f"trigger:{policy.name}",
+                    name=f"learner {policy.name} (>= {learning.min_new_groups} new groups)",
+                )
         if self.promotion_interval_s:
             # First pass at once: an inference server that restarted gets its adapters back.
-            scheduler.add_job(self.promote, IntervalTrigger(seconds=self.promotion_interval_s), id="promotion",
-                              name="promotion (gates, canaries, endpoints, retention)", executor="promotion",
-                              next_run_time=datetime.now(timezone.utc))
+            scheduler.add_job(
+                self.promote,
+                IntervalTrigger(seconds=self.promotion_interval_s),
+                id="promotion",
+                name="promotion (gates, canaries, endpoints, retention)",
+                executor="promotion",
+                next_run_time=datetime.now(timezone.utc),
+            )
         self.scheduler = scheduler
         return scheduler
 

@@ -113,7 +113,7 @@ class Lineage:
     def of(cls, rows: list[AdapterVersion], max_staleness: int) -> Lineage:
         head = lineage_head(rows)
         chain = [str(v) if v is not None else None for v in ancestors(head, rows, len(rows) + 1)]
-        return cls(head, set(chain[:max_staleness + 1]), set(chain[max_staleness + 1:]))
+        return cls(head, set(chain[: max_staleness + 1]), set(chain[max_staleness + 1 :]))
 
     def staleness(self, calls: list[CallRecord]) -> str | None:
         """None when every call was sampled within the bound, else why the trajectory cannot train."""
@@ -171,8 +171,9 @@ def _answer_key(call: CallRecord) -> Any:
     return [call.answer.get("content"), call.answer.get("tool_calls")]
 
 
-def build_candidate(trajectory: dict[str, Any], rows: list[dict[str, Any]], base_model: str,
-                    versions: dict[str, Version]) -> tuple[Candidate | None, str | None]:
+def build_candidate(
+    trajectory: dict[str, Any], rows: list[dict[str, Any]], base_model: str, versions: dict[str, Version]
+) -> tuple[Candidate | None, str | None]:
     """A trajectory and its calls rows -> a Candidate, or None and the reason it cannot train."""
     answered = [r for r in rows if r["status_code"] == 200 and r["response"]]
     if not answered:
@@ -189,10 +190,15 @@ def build_candidate(trajectory: dict[str, Any], rows: list[dict[str, Any]], base
             return None, "unreadable_call"
     first = answered[0]["request"]
     member = Member(
-        trajectory_id=trajectory["id"], tenant=trajectory["tenant"], reward=trajectory["reward"],
-        group_id=trajectory["group_id"], task_key=task_key(first.get("messages") or [], first.get("tools")),
+        trajectory_id=trajectory["id"],
+        tenant=trajectory["tenant"],
+        reward=trajectory["reward"],
+        group_id=trajectory["group_id"],
+        task_key=task_key(first.get("messages") or [], first.get("tools")),
         greedy=any(is_greedy(r["temperature"]) for r in answered),
-        completion_key=completion_key(_answer_key(c) for c in calls), last_call_at=trajectory["last_call_at"])
+        completion_key=completion_key(_answer_key(c) for c in calls),
+        last_call_at=trajectory["last_call_at"],
+    )
     return Candidate(member, calls), None
 
 
@@ -206,12 +212,19 @@ def select(connection: psycopg.Connection, policy: str, base_model: str, learnin
     """Read the candidates of one learner run (see the module docstring)."""
     with connection.cursor(row_factory=dict_row) as cursor:
         cursor.execute("SELECT extract(epoch FROM now())::float8 AS now")
-        selection = Selection(now=cursor.fetchone()["now"])
+        clock = cursor.fetchone()
+        assert clock is not None  # SELECT now() always returns its one row
+        selection = Selection(now=clock["now"])
         rows = load_versions(connection, policy)
         selection.versions = {str(row.id): Version.of(row) for row in rows}
         selection.lineage = Lineage.of(rows, learning.max_staleness)
-        params = {"policy": policy, "reward_name": learning.reward_name, "max_age_s": learning.max_age_s,
-                  "limit": learning.max_trajectories, "wait_s": learning.reward_wait_s}
+        params = {
+            "policy": policy,
+            "reward_name": learning.reward_name,
+            "max_age_s": learning.max_age_s,
+            "limit": learning.max_trajectories,
+            "wait_s": learning.reward_wait_s,
+        }
         cursor.execute(_REWARDED, params)
         trajectories = cursor.fetchall()
         cursor.execute(_CALLS, {"ids": [t["id"] for t in trajectories]})
@@ -219,8 +232,9 @@ def select(connection: psycopg.Connection, policy: str, base_model: str, learnin
         for row in cursor.fetchall():
             calls.setdefault(row["trajectory_id"], []).append(row)
         for trajectory in trajectories:
-            candidate, reason = build_candidate(trajectory, calls.get(trajectory["id"], []), base_model,
-                                                selection.versions)
+            candidate, reason = build_candidate(
+                trajectory, calls.get(trajectory["id"], []), base_model, selection.versions
+            )
             if candidate is None:
                 selection.skip(reason or "unknown")
             elif (stale := selection.lineage.staleness(candidate.calls)) is not None:
@@ -231,10 +245,16 @@ def select(connection: psycopg.Connection, policy: str, base_model: str, learnin
             cursor.execute(_WAITING, params)
             for row in cursor.fetchall():
                 request = row["request"] or {}
-                selection.waiting.append(Member(
-                    trajectory_id=row["id"], tenant=row["tenant"], reward=None, group_id=row["group_id"],
-                    task_key=task_key(request.get("messages") or [], request.get("tools")),
-                    last_call_at=row["last_call_at"]))
+                selection.waiting.append(
+                    Member(
+                        trajectory_id=row["id"],
+                        tenant=row["tenant"],
+                        reward=None,
+                        group_id=row["group_id"],
+                        task_key=task_key(request.get("messages") or [], request.get("tools")),
+                        last_call_at=row["last_call_at"],
+                    )
+                )
     return selection
 
 
@@ -254,6 +274,8 @@ WHERE t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS
 def count_new_groups(connection: psycopg.Connection, policy: str, learning: Any) -> int:
     """About how many groups of rewarded, untrained trajectories wait (cheap; for the trigger)."""
     with connection.cursor() as cursor:
-        cursor.execute(_NEW_GROUPS, {"policy": policy, "reward_name": learning.reward_name,
-                                     "max_age_s": learning.max_age_s})
-        return int(cursor.fetchone()[0])
+        cursor.execute(
+            _NEW_GROUPS, {"policy": policy, "reward_name": learning.reward_name, "max_age_s": learning.max_age_s}
+        )
+        count = cursor.fetchone()
+        return int(count[0]) if count is not None else 0

@@ -100,8 +100,12 @@ class PolicyTrainer:
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=learning.lr, weight_decay=learning.weight_decay)
         self.model, self.version = model, head_id
-        log.info("policy %s: training from %s (%s), fresh optimizer", self.policy.name,
-                 head.name if head is not None else "the base model", "its files" if head else "a new LoRA")
+        log.info(
+            "policy %s: training from %s (%s), fresh optimizer",
+            self.policy.name,
+            head.name if head is not None else "the base model",
+            "its files" if head else "a new LoRA",
+        )
         return "fresh" if head is None else "loaded"
 
     def _lora(self, base: Any, head: AdapterVersion | None) -> Any:
@@ -113,8 +117,9 @@ class PolicyTrainer:
             from learner.grpo.adapters import new_lora
 
             torch.manual_seed(learning.seed)  # a fresh LoRA's A matrices
-            return new_lora(base, learning.lora_rank, learning.lora_alpha, learning.lora_target_modules,
-                            learning.lora_dropout)
+            return new_lora(
+                base, learning.lora_rank, learning.lora_alpha, learning.lora_target_modules, learning.lora_dropout
+            )
         from learner.grpo.adapters import continue_lora
 
         return continue_lora(base, head.path)

@@ -83,8 +83,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def internal_error(_: Request, exc: Exception) -> JSONResponse:
         log.exception("request failed")
-        return _error(APIError(str(exc) or type(exc).__name__, "InternalServerError",
-                               HTTPStatus.INTERNAL_SERVER_ERROR))
+        return _error(APIError(str(exc) or type(exc).__name__, "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR))
 
 
 def _require_api_key(app: FastAPI, api_key: str) -> None:
@@ -128,10 +127,17 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return Response(status_code=200, content=await state.models.unload_lora_adapter(request))
 
 
-def create_server_state(model: str | None, served_model_name: str | None = None, device: Any = None,
-                        dtype: Any = None, max_batch_size: int = 16, max_lora_rank: int = 64,
-                        max_model_len: int | None = None, default_max_tokens: int | None = 1024,
-                        threads: int | None = None) -> ServerState:
+def create_server_state(
+    model: str | None,
+    served_model_name: str | None = None,
+    device: Any = None,
+    dtype: Any = None,
+    max_batch_size: int = 16,
+    max_lora_rank: int = 64,
+    max_model_len: int | None = None,
+    default_max_tokens: int | None = 1024,
+    threads: int | None = None,
+) -> ServerState:
     """Load the model and wire engine, adapter registry and handlers together.
 
     On CPU, torch gets `threads` threads (default: half the cores). With as many threads as
@@ -149,9 +155,9 @@ def create_server_state(model: str | None, served_model_name: str | None = None,
     config_len = getattr(loaded.model.config, "max_position_embeddings", None) or 2048
     max_len = min(max_model_len or config_len, config_len)
     lora = LoraManager(loaded.model, max_lora_rank=max_lora_rank)
-    engine = GenerationEngine(lora, loaded.tokenizer, pick_device(device), max_batch_size=max_batch_size,
-                              max_model_len=max_len)
+    engine = GenerationEngine(
+        lora, loaded.tokenizer, pick_device(device), max_batch_size=max_batch_size, max_model_len=max_len
+    )
     models = OpenAIServingModels(engine, lora, served_model_name or str(model or path), str(path), max_len)
     chat = OpenAIServingChat(engine, models, loaded.tokenizer, max_len, default_max_tokens=default_max_tokens)
     return ServerState(engine=engine, models=models, chat=chat)
-

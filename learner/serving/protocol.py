@@ -44,8 +44,13 @@ class ErrorResponse(OpenAIBaseModel):
 class APIError(Exception):
     """An error the HTTP layer turns into vLLM's error body and status code."""
 
-    def __init__(self, message: str, err_type: str = "BadRequestError",
-                 status: HTTPStatus = HTTPStatus.BAD_REQUEST, param: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        err_type: str = "BadRequestError",
+        status: HTTPStatus = HTTPStatus.BAD_REQUEST,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.err_type = err_type
@@ -53,8 +58,9 @@ class APIError(Exception):
         self.param = param
 
     def response(self) -> ErrorResponse:
-        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.err_type, param=self.param,
-                                             code=int(self.status)))
+        return ErrorResponse(
+            error=ErrorInfo(message=self.message, type=self.err_type, param=self.param, code=int(self.status))
+        )
 
 
 # ---------------------------------------------------------------- models and adapters
@@ -139,7 +145,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     return_token_ids: bool | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "ChatCompletionRequest":
+    def _check(self) -> ChatCompletionRequest:
         """The same argument checks as vLLM's SamplingParams, so a client sees the same 400s."""
         if not self.messages:
             raise ValueError("messages must not be empty")

@@ -88,4 +88,4 @@ def top_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:
     if k <= 0:
         return []
     values, ids = torch.topk(logprobs, k)
-    return list(zip(ids.tolist(), values.tolist()))
+    return list(zip(ids.tolist(), values.tolist(), strict=True))

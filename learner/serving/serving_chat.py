@@ -13,16 +13,28 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, AsyncIterator
+from typing import Any
 
 from learner.chat_template import render_chat_ids
 from learner.serving.engine import GenerationEngine, SequenceUpdate, TokenLogprob, UnknownAdapterError
-from learner.serving.protocol import (APIError, ChatCompletionLogProb, ChatCompletionLogProbs,
-                                      ChatCompletionLogProbsContent, ChatCompletionRequest, ChatCompletionResponse,
-                                      ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
-                                      ChatCompletionStreamResponse, ChatMessage, DeltaMessage, UsageInfo, random_id)
+from learner.serving.protocol import (
+    APIError,
+    ChatCompletionLogProb,
+    ChatCompletionLogProbs,
+    ChatCompletionLogProbsContent,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    DeltaMessage,
+    UsageInfo,
+    random_id,
+)
 from learner.serving.sampling import SamplingParams
 from learner.serving.serving_models import OpenAIServingModels
 
@@ -39,8 +51,14 @@ class _Choice:
 
 
 class OpenAIServingChat:
-    def __init__(self, engine: GenerationEngine, models: OpenAIServingModels, tokenizer: Any,
-                 max_model_len: int, default_max_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        models: OpenAIServingModels,
+        tokenizer: Any,
+        max_model_len: int,
+        default_max_tokens: int | None = None,
+    ) -> None:
         self.engine = engine
         self.models = models
         self.tokenizer = tokenizer
@@ -57,9 +75,13 @@ class OpenAIServingChat:
         if request.chat_template:
             kwargs["chat_template"] = request.chat_template
         try:
-            return render_chat_ids(self.tokenizer, request.messages,
-                                   add_generation_prompt=request.add_generation_prompt,
-                                   continue_final_message=request.continue_final_message, **kwargs)
+            return render_chat_ids(
+                self.tokenizer,
+                request.messages,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                **kwargs,
+            )
         except Exception as exc:  # template errors are the request's fault (bad roles, ...)
             raise APIError(f"Could not apply the chat template: {exc}") from exc
 
@@ -71,23 +93,31 @@ class OpenAIServingChat:
             raise APIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{prompt_len + asked} tokens ({prompt_len} in the messages, {asked} in the completion). "
-                "Please reduce the length of the messages or completion.", param="max_tokens")
+                "Please reduce the length of the messages or completion.",
+                param="max_tokens",
+            )
         if wanted is None:
             wanted = room if self.default_max_tokens is None else min(room, self.default_max_tokens)
         return SamplingParams(
             max_tokens=wanted,
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
-            n=request.n or 1, seed=request.seed, stop=request.stop_strings,
-            stop_token_ids=list(request.stop_token_ids or []), ignore_eos=request.ignore_eos,
-            logprobs=bool(request.logprobs), top_logprobs=request.top_logprobs or 0,
+            n=request.n or 1,
+            seed=request.seed,
+            stop=request.stop_strings,
+            stop_token_ids=list(request.stop_token_ids or []),
+            ignore_eos=request.ignore_eos,
+            logprobs=bool(request.logprobs),
+            top_logprobs=request.top_logprobs or 0,
             skip_special_tokens=request.skip_special_tokens,
-            include_stop_str_in_output=request.include_stop_str_in_output)
+            include_stop_str_in_output=request.include_stop_str_in_output,
+        )
 
     # ------------------------------------------------------------ entry point
 
     async def create_chat_completion(
-            self, request: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
+        self, request: ChatCompletionRequest
+    ) -> ChatCompletionResponse | AsyncIterator[str]:
         adapter = self.models.resolve(request.model)
         model_name = request.model or self.models.base_name
         prompt_ids = self.render(request)
@@ -97,60 +127,93 @@ class OpenAIServingChat:
             return self._stream(request, model_name, prompt_ids, params, updates)
         return await self._collect(request, model_name, prompt_ids, params, updates)
 
-    async def _collect(self, request: ChatCompletionRequest, model_name: str, prompt_ids: list[int],
-                       params: SamplingParams, updates: AsyncIterator[list[SequenceUpdate]]) -> ChatCompletionResponse:
+    async def _collect(
+        self,
+        request: ChatCompletionRequest,
+        model_name: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        updates: AsyncIterator[list[SequenceUpdate]],
+    ) -> ChatCompletionResponse:
         choices = [_Choice() for _ in range(params.n)]
         try:
             async for step in updates:
                 for update in step:
                     _apply(choices[update.index], update)
         except UnknownAdapterError as exc:  # the adapter was unloaded while the request waited
-            raise APIError(f"The model `{exc.name}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND,
-                           param="model") from exc
+            raise APIError(
+                f"The model `{exc.name}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND, param="model"
+            ) from exc
         return_ids = bool(request.return_token_ids)
-        out = [ChatCompletionResponseChoice(
-            index=i, message=ChatMessage(role="assistant", content=c.text),
-            logprobs=self._logprobs(c.logprobs, params.top_logprobs) if params.logprobs else None,
-            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-            token_ids=c.token_ids if return_ids else None) for i, c in enumerate(choices)]
+        out = [
+            ChatCompletionResponseChoice(
+                index=i,
+                message=ChatMessage(role="assistant", content=c.text),
+                logprobs=self._logprobs(c.logprobs, params.top_logprobs) if params.logprobs else None,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+                token_ids=c.token_ids if return_ids else None,
+            )
+            for i, c in enumerate(choices)
+        ]
         completion = sum(len(c.token_ids) for c in choices)
         return ChatCompletionResponse(
-            model=model_name, choices=out,
-            usage=UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=completion,
-                            total_tokens=len(prompt_ids) + completion),
-            prompt_token_ids=prompt_ids if return_ids else None)
+            model=model_name,
+            choices=out,
+            usage=UsageInfo(
+                prompt_tokens=len(prompt_ids), completion_tokens=completion, total_tokens=len(prompt_ids) + completion
+            ),
+            prompt_token_ids=prompt_ids if return_ids else None,
+        )
 
-    async def _stream(self, request: ChatCompletionRequest, model_name: str, prompt_ids: list[int],
-                      params: SamplingParams, updates: AsyncIterator[list[SequenceUpdate]]) -> AsyncIterator[str]:
+    async def _stream(
+        self,
+        request: ChatCompletionRequest,
+        model_name: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        updates: AsyncIterator[list[SequenceUpdate]],
+    ) -> AsyncIterator[str]:
         chunk_id, created = f"chatcmpl-{random_id()}", int(time.time())
         return_ids = bool(request.return_token_ids)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
 
         def chunk(choices: list[ChatCompletionResponseStreamChoice], **extra: Any) -> str:
-            body = ChatCompletionStreamResponse(id=chunk_id, created=created, model=model_name, choices=choices,
-                                                **extra)
+            body = ChatCompletionStreamResponse(
+                id=chunk_id, created=created, model=model_name, choices=choices, **extra
+            )
             return f"data: {body.model_dump_json()}\n\n"
 
         completion = 0
         try:
             for index in range(params.n):
                 first = ChatCompletionResponseStreamChoice(
-                    index=index, delta=DeltaMessage(role="assistant", content=""), logprobs=None, finish_reason=None)
+                    index=index, delta=DeltaMessage(role="assistant", content=""), logprobs=None, finish_reason=None
+                )
                 extra = {"prompt_token_ids": prompt_ids} if return_ids and index == 0 else {}
                 yield chunk([first], **extra)
             async for step in updates:
                 for update in step:
                     completion += len(update.token_ids)
                     choice = ChatCompletionResponseStreamChoice(
-                        index=update.index, delta=DeltaMessage(content=update.text),
+                        index=update.index,
+                        delta=DeltaMessage(content=update.text),
                         logprobs=self._logprobs(update.logprobs, params.top_logprobs) if params.logprobs else None,
-                        finish_reason=update.finish_reason, stop_reason=update.stop_reason)
+                        finish_reason=update.finish_reason,
+                        stop_reason=update.stop_reason,
+                    )
                     if return_ids:
                         choice.token_ids = update.token_ids
                     yield chunk([choice])
             if include_usage:
-                yield chunk([], usage=UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=completion,
-                                                total_tokens=len(prompt_ids) + completion))
+                yield chunk(
+                    [],
+                    usage=UsageInfo(
+                        prompt_tokens=len(prompt_ids),
+                        completion_tokens=completion,
+                        total_tokens=len(prompt_ids) + completion,
+                    ),
+                )
         except UnknownAdapterError as exc:
             error = APIError(f"The model `{exc.name}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND)
             yield f"data: {error.response().model_dump_json()}\n\n"
@@ -177,8 +240,11 @@ class OpenAIServingChat:
                 alt = self._token(tid)
                 alt.logprob = max(lp, -9999.0)
                 top.append(alt)
-            content.append(ChatCompletionLogProbsContent(token=token.token, bytes=token.bytes,
-                                                         logprob=max(entry.logprob, -9999.0), top_logprobs=top))
+            content.append(
+                ChatCompletionLogProbsContent(
+                    token=token.token, bytes=token.bytes, logprob=max(entry.logprob, -9999.0), top_logprobs=top
+                )
+            )
         return ChatCompletionLogProbs(content=content)
 
 

@@ -19,15 +19,15 @@ from http import HTTPStatus
 
 from learner.serving.adapters import AdapterIncompatibleError, AdapterNotFoundError, LoraManager
 from learner.serving.engine import GenerationEngine
-from learner.serving.protocol import (APIError, LoadLoRAAdapterRequest, ModelCard, ModelList,
-                                      UnloadLoRAAdapterRequest)
+from learner.serving.protocol import APIError, LoadLoRAAdapterRequest, ModelCard, ModelList, UnloadLoRAAdapterRequest
 
 
 class OpenAIServingModels:
     """The served names: the base model and every resident adapter."""
 
-    def __init__(self, engine: GenerationEngine, lora: LoraManager, base_name: str, base_path: str,
-                 max_model_len: int) -> None:
+    def __init__(
+        self, engine: GenerationEngine, lora: LoraManager, base_name: str, base_path: str, max_model_len: int
+    ) -> None:
         self.engine = engine
         self.lora = lora
         self.base_name = base_name
@@ -45,8 +45,10 @@ class OpenAIServingModels:
 
     def show_available_models(self) -> ModelList:
         cards = [ModelCard(id=self.base_name, root=self.base_path, max_model_len=self.max_model_len)]
-        cards += [ModelCard(id=info.name, root=info.path, parent=self.base_name, created=info.created)
-                  for info in list(self.lora.adapters.values())]
+        cards += [
+            ModelCard(id=info.name, root=info.path, parent=self.base_name, created=info.created)
+            for info in list(self.lora.adapters.values())
+        ]
         return ModelList(data=cards)
 
     async def load_lora_adapter(self, request: LoadLoRAAdapterRequest) -> str:
@@ -55,8 +57,11 @@ class OpenAIServingModels:
             raise APIError("Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
         async with self._locks[name]:
             if not request.load_inplace and name in self.lora.adapters:
-                raise APIError(f"The lora adapter '{name}' has already been loaded. If you want to load the "
-                               "adapter in place, set 'load_inplace' to True.", "InvalidUserInput")
+                raise APIError(
+                    f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                    "adapter in place, set 'load_inplace' to True.",
+                    "InvalidUserInput",
+                )
             try:
                 await self.engine.call(lambda: self.lora.load(name, path, inplace=request.load_inplace))
             except AdapterNotFoundError as exc:
