@@ -43,6 +43,7 @@ import yaml
 from apprentice.processes import ManagedProcess, free_port
 from apprentice.settings import ALL_LINEAR_PROJECTIONS
 from bench.report import machine_line, markdown_table, write_section
+from examples.word_limit_agent import HELD_OUT_TOPICS, TOPICS
 
 SECTION_TITLE = "Learning efficiency: the live loop against a bare GRPO loop"
 REPO = Path(__file__).resolve().parent.parent
@@ -55,78 +56,8 @@ LR = 1e-4
 EVAL_SAMPLES = 128
 SEED = 0
 
-TRAIN_TOPICS = [
-    "the ocean",
-    "a bicycle",
-    "autumn",
-    "a library",
-    "coffee",
-    "the moon",
-    "a thunderstorm",
-    "bread",
-    "a city at night",
-    "a violin",
-    "the desert",
-    "snow",
-    "a train station",
-    "honey",
-    "a lighthouse",
-    "the forest",
-    "a market",
-    "rain",
-    "a mountain",
-    "chess",
-    "a garden",
-    "the wind",
-    "a museum",
-    "tea",
-    "a river",
-    "fireworks",
-    "a clock",
-    "the sun",
-    "a kitten",
-    "the sea breeze",
-    "a castle",
-    "a volcano",
-    "spring",
-    "a bridge",
-    "a candle",
-    "the stars",
-]
-EVAL_TOPICS = [
-    "a harbor at dawn",
-    "a clock tower",
-    "the first snow",
-    "a street market",
-    "an old map",
-    "a mountain lake",
-    "a paper boat",
-    "a jazz club",
-    "a wheat field",
-    "a subway car",
-    "a lemon tree",
-    "a foggy pier",
-    "a desert road",
-    "a school bell",
-    "a pine cone",
-    "a tide pool",
-    "a sailing ship",
-    "a night train",
-    "a bamboo forest",
-    "a thunderclap",
-    "a sand dune",
-    "a quiet chapel",
-    "a red balloon",
-    "a frozen pond",
-    "a copper kettle",
-    "a windmill",
-    "a rope bridge",
-    "a snow owl",
-    "a glass jar",
-    "a hot spring",
-    "a cactus",
-    "a kite festival",
-]
+TRAIN_TOPICS = TOPICS
+EVAL_TOPICS = HELD_OUT_TOPICS
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,41 @@ TOPICS = [
     "a candle",
     "the stars",
 ]
+# Prompts no run of the agent uses: the benchmarks and tests evaluate on these.
+HELD_OUT_TOPICS = [
+    "a harbor at dawn",
+    "a clock tower",
+    "the first snow",
+    "a street market",
+    "an old map",
+    "a mountain lake",
+    "a paper boat",
+    "a jazz club",
+    "a wheat field",
+    "a subway car",
+    "a lemon tree",
+    "a foggy pier",
+    "a desert road",
+    "a school bell",
+    "a pine cone",
+    "a tide pool",
+    "a sailing ship",
+    "a night train",
+    "a bamboo forest",
+    "a thunderclap",
+    "a sand dune",
+    "a quiet chapel",
+    "a red balloon",
+    "a frozen pond",
+    "a copper kettle",
+    "a windmill",
+    "a rope bridge",
+    "a snow owl",
+    "a glass jar",
+    "a hot spring",
+    "a cactus",
+    "a kite festival",
+]
 MAX_WORDS = 8
 MIN_POINTS = 12
 

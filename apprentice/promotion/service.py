@@ -568,55 +568,37 @@ class _PolicyPass:
             return
         newest = passing[-1]
         if canary is None and self.policy.promotion.auto_canary:
-            await self._start_canary(newest)
+            await self._put_in_canary(newest, replacing=None)
         elif canary is not None and newest.version > canary.version:
-            await self._move_canary(canary, newest)
+            await self._put_in_canary(newest, replacing=canary)
 
-    async def _start_canary(self, newest: AdapterVersion) -> None:
-        share = self.policy.promotion.canary_share
+    async def _put_in_canary(self, newest: AdapterVersion, *, replacing: AdapterVersion | None) -> None:
+        """Load `newest` on every endpoint and make it the canary: a first canary, or the
+        successor of `replacing` along the lineage (which goes back to candidate)."""
         try:
-            result = await _start_canary(
-                self.engine,
-                self.settings,
-                newest,
-                actor=AUTO,
-                client=self.client,
-                reason=f"gates passed; canary at {share:.0%} of new trajectories",
-            )
+            if replacing is None:
+                share = self.policy.promotion.canary_share
+                reason = f"gates passed; canary at {share:.0%} of new trajectories"
+                result = await _start_canary(
+                    self.engine, self.settings, newest, actor=AUTO, client=self.client, reason=reason
+                )
+            else:
+                reason = f"gates passed; the canary follows its lineage from {replacing.name}"
+                result = await _supersede_canary(
+                    self.engine, self.settings, newest, actor=AUTO, client=self.client, reason=reason
+                )
         except loading.LoadError as exc:
             await self._load_failed(newest, exc)
             return
         except TransitionError as exc:  # an admin acted meanwhile
             self.report.add(self.policy.name, newest.name, "unchanged", str(exc))
             return
+        loads = ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints)
         self.report.add(
             self.policy.name,
             newest.name,
             "canary" if result.transition.changed else "unchanged",
-            ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints),
-        )
-
-    async def _move_canary(self, canary: AdapterVersion, newest: AdapterVersion) -> None:
-        try:
-            result = await _supersede_canary(
-                self.engine,
-                self.settings,
-                newest,
-                actor=AUTO,
-                client=self.client,
-                reason=f"gates passed; the canary follows its lineage from {canary.name}",
-            )
-        except loading.LoadError as exc:
-            await self._load_failed(newest, exc)
-            return
-        except TransitionError as exc:  # an admin acted meanwhile
-            self.report.add(self.policy.name, newest.name, "unchanged", str(exc))
-            return
-        self.report.add(
-            self.policy.name,
-            newest.name,
-            "canary" if result.transition.changed else "unchanged",
-            f"superseded {canary.name}; " + ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints),
+            loads if replacing is None else f"superseded {replacing.name}; {loads}",
         )
 
     async def _load_failed(self, version: AdapterVersion, exc: loading.LoadError) -> None:

@@ -26,7 +26,7 @@ import openai
 import yaml
 
 from apprentice.commands.up import default_config
-from examples.word_limit_agent import TOPICS, score, task_prompt
+from examples.word_limit_agent import HELD_OUT_TOPICS, TOPICS, score, task_prompt
 from tests.support.processes import REPO_ROOT, free_port, wait_http
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -38,32 +38,7 @@ MARGIN = 0.15
 BUDGET_S = 1200
 GROUP_INTERVAL_S = 4.0  # one group of GROUP_SIZE runs every 4 s: about 1.5 runs a second
 MAX_GROUPS_IN_FLIGHT = 3
-EVAL_TOPICS = [
-    "a harbor at dawn",
-    "a clock tower",
-    "the first snow",
-    "a street market",
-    "an old map",
-    "a mountain lake",
-    "a paper boat",
-    "a jazz club",
-    "a wheat field",
-    "a subway car",
-    "a lemon tree",
-    "a foggy pier",
-    "a desert road",
-    "a school bell",
-    "a pine cone",
-    "a tide pool",
-    "a sailing ship",
-    "a night train",
-    "a bamboo forest",
-    "a thunderclap",
-    "a sand dune",
-    "a quiet chapel",
-    "a red balloon",
-    "a frozen pond",
-]
+EVAL_TOPICS = HELD_OUT_TOPICS[:24]
 
 
 def write_config(data_dir: Path, port: int, model_port: int) -> None:
