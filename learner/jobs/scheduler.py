@@ -119,6 +119,11 @@ class Learner:
         from apscheduler.triggers.cron import CronTrigger
         from apscheduler.triggers.interval import IntervalTrigger
 
+        # With max_instances=1 a trigger tick that finds a run still going is skipped on purpose;
+        # APScheduler logs each skip as a warning (every trigger_poll_s while a run trains).
+        logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
+        # Each job execution is logged at INFO too: the learner's own lines say what happened.
+        logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
         cls = BlockingScheduler if blocking else BackgroundScheduler
         scheduler = cls(
             executors={"default": ThreadPoolExecutor(1), "promotion": ThreadPoolExecutor(1)},
