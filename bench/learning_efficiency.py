@@ -81,7 +81,7 @@ def _lowercase(answer: str, ended: bool) -> float:
 TASKS = {
     "word_limit": Task(
         "word_limit",
-        "at most five words, the answer ending by itself (base about 17%)",
+        "at most five words, the answer ending by itself (base 7-17%)",
         lambda topic: f"Describe {topic} in at most five words.",
         _word_limit,
         640,
