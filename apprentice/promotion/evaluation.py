@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from apprentice.promotion.sequential import ArmSummary, confidence_sequence
@@ -260,17 +260,11 @@ def decide_lineage(lineage: Comparison, newest: Comparison, *, mode: str, elapse
 # ---------------------------------------------------------------- data
 
 
-async def arm_rewards(
-    connection: AsyncConnection,
-    policy: str,
-    canary_id: uuid.UUID,
-    incumbent_id: uuid.UUID | None,
-    since: datetime,
-    reward_name: str = "reward",
-) -> tuple[list[float], list[float]]:
-    """Current rewards of the canary's and the incumbent's trajectories since `since`."""
-    query = (
-        select(trajectories.c.adapter_version_id, rewards.c.value)
+def _current_rewards(policy: str, since: datetime, reward_name: str, *columns: Any) -> Select[Any]:
+    """`columns` and the current reward value of the policy's trajectories started since `since`:
+    one row per trajectory with a linked, not superseded reward of `reward_name`."""
+    return (
+        select(*columns, rewards.c.value)
         .join(
             rewards,
             (rewards.c.trajectory_id == trajectories.c.id)
@@ -282,9 +276,22 @@ async def arm_rewards(
             trajectories.c.policy == policy,
             trajectories.c.merged_into.is_(None),
             trajectories.c.first_call_at >= since,
-            (trajectories.c.adapter_version_id == canary_id)
-            | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id),
         )
+    )
+
+
+async def arm_rewards(
+    connection: AsyncConnection,
+    policy: str,
+    canary_id: uuid.UUID,
+    incumbent_id: uuid.UUID | None,
+    since: datetime,
+    reward_name: str = "reward",
+) -> tuple[list[float], list[float]]:
+    """Current rewards of the canary's and the incumbent's trajectories since `since`."""
+    query = _current_rewards(policy, since, reward_name, trajectories.c.adapter_version_id).where(
+        (trajectories.c.adapter_version_id == canary_id)
+        | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id)
     )
     canary: list[float] = []
     incumbent: list[float] = []
@@ -319,22 +326,11 @@ async def lineage_rewards(
 ) -> LineageRewards:
     """Current rewards of the lineage's, the newest version's and the incumbent's trajectories."""
     lineage = set(lineage_ids) | {newest_id}
-    query = (
-        select(trajectories.c.adapter_version_id, trajectories.c.first_call_at, rewards.c.value)
-        .join(
-            rewards,
-            (rewards.c.trajectory_id == trajectories.c.id)
-            & (rewards.c.name == reward_name)
-            & (rewards.c.status == "linked")
-            & rewards.c.superseded_at.is_(None),
-        )
-        .where(
-            trajectories.c.policy == policy,
-            trajectories.c.merged_into.is_(None),
-            trajectories.c.first_call_at >= since,
-            trajectories.c.adapter_version_id.in_(lineage)
-            | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id),
-        )
+    query = _current_rewards(
+        policy, since, reward_name, trajectories.c.adapter_version_id, trajectories.c.first_call_at
+    ).where(
+        trajectories.c.adapter_version_id.in_(lineage)
+        | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id)
     )
     found = LineageRewards([], [], [], [])
     for version_id, first_call_at, value in await connection.execute(query):
