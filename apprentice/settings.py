@@ -173,8 +173,14 @@ class LearningSettings(BaseModel):
     # trigger_poll_s). None: no such trigger.
     min_new_groups: int | None = Field(default=None, ge=1)
     trigger_poll_s: float = Field(default=60.0, gt=0)
-    # The reward name trained on (rewards API `name`).
+    # The reward name of the webhook (rewards API `name`) that the learner trains on.
     reward_name: str = "reward"
+    # Which reward trains: "webhook" (reward_name), "judge" (the judge's scores, see
+    # JudgeSettings), or "webhook_else_judge": per group, the webhook rewards when every member
+    # has one, else the judge's scores (never mixed within a group: the two are on different
+    # scales, and GRPO compares members with each other). None: "webhook_else_judge" when the
+    # policy has a judge in mode "missing", else "webhook".
+    reward_source: Literal["webhook", "judge", "webhook_else_judge"] | None = None
     # Selection: rewarded, untrained trajectories whose last call is at most this old.
     max_age_s: float = Field(default=7 * 86400.0, gt=0)
     # A group with members still waiting for their reward is held back this long after its
@@ -252,6 +258,54 @@ class LearningSettings(BaseModel):
         return value
 
 
+class JudgeBudget(BaseModel):
+    """How much judging an hour may cost; over it, judging waits (metrics and admin API say so)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls_per_hour: int | None = Field(default=None, ge=1)
+    tokens_per_hour: int | None = Field(default=None, ge=1)
+
+
+class JudgeSettings(BaseModel):
+    """An LLM judge that scores a policy's groups relative to each other (docs/judge.md).
+
+    The judge reads the trajectories of one group side by side and answers one score in [0, 1]
+    per trajectory; only the differences within a group matter to GRPO. Its calls go through the
+    gateway as an ordinary client (recorded and billed like any call, never trained on).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # A model name the gateway routes: a model_list entry (hosted, through litellm or direct)
+    # or a policy (one of our own endpoints).
+    model: str
+    # The rubric text; None: the general default (gateway/judging/rubric.py).
+    rubric: str | None = None
+    # "missing": groups in which some trajectory got no webhook reward within `wait_s`.
+    # "always": every group (the scores stored under `reward_name`, beside the webhook's).
+    mode: Literal["missing", "always"] = "missing"
+    reward_name: str = "judge"
+    # How long after a group's last call it is judged; None: the policy's learning.reward_wait_s.
+    wait_s: float | None = Field(default=None, ge=0)
+    # Larger groups are judged in chunks of at most this many trajectories.
+    max_group_size: int = Field(default=8, ge=2)
+    # Judge calls in flight for this policy, across every gateway process.
+    concurrency: int = Field(default=2, ge=1)
+    # Answers that fail validation are retried; after this many the group is recorded as not judged.
+    max_attempts: int = Field(default=3, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+    max_tokens: int | None = Field(default=2048, ge=1)
+    budget: JudgeBudget = Field(default_factory=JudgeBudget)
+    # The gateway's OpenAI-compatible base URL the judge calls; None: this gateway's own address.
+    base_url: str | None = None
+    # A gateway API key for the judge's calls (or "os.environ/NAME"); needed when auth.mode is "keys".
+    api_key: SecretStr | None = None
+    timeout_s: float = Field(default=300.0, gt=0)
+    # How often each gateway process looks for groups to judge.
+    poll_interval_s: float = Field(default=10.0, gt=0)
+
+
 class PolicySettings(BaseModel):
     """A model name that clients call and Apprentice trains: a base model and its endpoints."""
 
@@ -276,6 +330,24 @@ class PolicySettings(BaseModel):
     learning: LearningSettings = Field(default_factory=LearningSettings)
     # Promotion of its adapters: gates, canary, evaluation, retention (apprentice/promotion).
     promotion: PromotionSettings = Field(default_factory=PromotionSettings)
+    # An LLM judge for groups without (or beside) webhook rewards; None: no judging.
+    judge: JudgeSettings | None = None
+
+    @property
+    def reward_source(self) -> Literal["webhook", "judge", "webhook_else_judge"]:
+        """The reward the learner trains on (LearningSettings.reward_source, its default resolved)."""
+        if self.learning.reward_source is not None:
+            return self.learning.reward_source
+        if self.judge is not None and self.judge.mode == "missing":
+            return "webhook_else_judge"
+        return "webhook"
+
+    @property
+    def judge_wait_s(self) -> float:
+        """How long after a group's last call the judge may judge it."""
+        if self.judge is not None and self.judge.wait_s is not None:
+            return self.judge.wait_s
+        return self.learning.reward_wait_s
 
     @field_validator("endpoints")
     @classmethod
@@ -407,9 +479,34 @@ class Settings(BaseSettings):
         for policy in self.policies:
             if not policy.endpoints and policy.name not in deployments:
                 raise ConfigError(f"policy {policy.name!r} has no endpoints and no model_list entry of that name")
+        for policy in self.policies:
+            self._check_judge(policy, deployments | set(names))
         if self.default_upstream and self.default_upstream not in deployments:
             raise ConfigError(f"default_upstream {self.default_upstream!r} is not in model_list")
         return self
+
+    def _check_judge(self, policy: PolicySettings, routable: set[str]) -> None:
+        judge = policy.judge
+        if judge is None:
+            if policy.learning.reward_source in ("judge", "webhook_else_judge"):
+                raise ConfigError(
+                    f"policy {policy.name!r}: learning.reward_source {policy.learning.reward_source!r} needs a judge"
+                )
+            return
+        if judge.model not in routable:
+            raise ConfigError(
+                f"policy {policy.name!r}: judge.model {judge.model!r} is neither a model_list entry nor a policy"
+            )
+        if self.auth.mode == "keys" and judge.api_key is None:
+            raise ConfigError(
+                f"policy {policy.name!r}: judge.api_key (a gateway API key for the judge's calls) is needed "
+                "when auth.mode is 'keys'"
+            )
+        if judge.reward_name == policy.learning.reward_name:
+            raise ConfigError(
+                f"policy {policy.name!r}: judge.reward_name must differ from learning.reward_name "
+                f"({judge.reward_name!r}): the two rewards are compared, never mixed"
+            )
 
     @property
     def journal_dir(self) -> Path:

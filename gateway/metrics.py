@@ -50,6 +50,28 @@ WORKER_LAST_SUCCESS = Gauge(
 )
 
 
+# The LLM judge (gateway/judging). The budget gauge is each live process's latest view
+# ("livemostrecent": a dead process's stale value never wins); the budget itself is counted
+# in PostgreSQL across processes.
+JUDGE_CALLS = Counter(
+    "apprentice_judge_calls_total", "Judge calls by outcome (valid, invalid answer, error)", ["policy", "outcome"]
+)
+JUDGE_TOKENS = Counter("apprentice_judge_tokens_total", "Tokens of judge calls", ["policy", "kind"])
+JUDGE_GROUPS = Counter("apprentice_judge_groups_total", "Group chunks judged or failed", ["policy", "outcome"])
+JUDGE_BUDGET_EXHAUSTED = Gauge(
+    "apprentice_judge_budget_exhausted",
+    "1 while a policy's judge waits for its hourly budget, else 0",
+    ["policy"],
+    multiprocess_mode="livemostrecent",
+)
+JUDGE_GROUPS_READY = Gauge(
+    "apprentice_judge_groups_ready",
+    "Group chunks ready to judge at the last look (not yet judged)",
+    ["policy"],
+    multiprocess_mode="livemostrecent",
+)
+
+
 def status_class(status: int) -> str:
     return f"{status // 100}xx"
 

@@ -23,6 +23,7 @@ from gateway.http.asgi import header
 from gateway.http.errors import GatewayError
 from gateway.journal.shipper import JournalShipper
 from gateway.journal.writer import JournalWriter
+from gateway.judging.worker import JudgeWorker
 from gateway.policies.notifications import AdapterNotifications
 from gateway.policies.versions import PolicyVersions, sticky_graces
 from gateway.rewards.linker import RewardLinker
@@ -80,6 +81,8 @@ class GatewayState:
             "trajectory-stitcher", self._stitch_pass, interval_s=SETTLE_INTERVAL_S, wake_delay_s=STITCH_INTERVAL_S
         )
         self.reward_linker = RewardLinker(self.engine, settings)
+        # Only when some policy has a judge (docs/judge.md).
+        self.judge = JudgeWorker(self.engine, settings)
         self.workers: list[PeriodicWorker] = [
             self.keys.worker,
             self.versions.worker,
@@ -88,6 +91,8 @@ class GatewayState:
             self.stitcher,
             self.reward_linker.worker,
         ]
+        if self.judge.enabled:
+            self.workers.append(self.judge.worker)
 
     async def start(self) -> None:
         self.instance_secret = await instance_secret(self.engine, TRAJECTORY_ID_SECRET)
@@ -99,10 +104,12 @@ class GatewayState:
         self.shipper.start()
         self.stitcher.start()
         self.reward_linker.start()
+        self.judge.start()
 
     async def stop(self) -> None:
         """Graceful: in-flight calls are done (the server waited); ship what is left."""
         for step in (
+            self.judge.stop,
             self.adapter_notifications.stop,
             self.keys.stop,
             self.versions.stop,

@@ -25,7 +25,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 metadata = MetaData()
 
@@ -159,8 +159,10 @@ rewards = Table(
     Column("group_id", Text),
     Column("idempotency_key", Text),
     Column("content_hash", LargeBinary, nullable=False),
-    Column("source", Text, nullable=False),  # "key" or "webhook:<secret name>"
+    Column("source", Text, nullable=False),  # "key", "webhook:<secret name>" or "judge"
     Column("api_key_id", UUID(as_uuid=True)),
+    # A judge's score: the judgement (judge model, rubric hash) it came from.
+    Column("judgement_id", UUID(as_uuid=True)),
     # When the outcome was observed (client `timestamp`, else receipt): "latest" means this.
     Column("observed_at", DateTime(timezone=True), nullable=False),
     Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
@@ -183,6 +185,7 @@ rewards = Table(
         postgresql_where=text("trajectory_id IS NOT NULL"),
     ),
     Index("ix_rewards_pending", "received_at", postgresql_where=text("status = 'pending'")),
+    Index("ix_rewards_judgement", "judgement_id", postgresql_where=text("judgement_id IS NOT NULL")),
     Index(
         "uq_rewards_idempotency",
         "tenant",
@@ -281,4 +284,46 @@ policy_state = Table(
     Column("learning_paused", Boolean, nullable=False, server_default="false"),
     Column("updated_by", Text),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# One LLM judging of one group (or one chunk of a large group) by one judge and rubric.
+# The unique key is what "never judged twice" means; a row is claimed as 'running' with a lease
+# (a process that dies leaves it to be claimed again after the lease), and ends 'judged' (its
+# scores are rewards with source 'judge' and this judgement_id) or 'failed' with the reason.
+judgements = Table(
+    "judgements",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("policy", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    # The group as the learner groups it: the client's group id or the task hash.
+    Column("group_key", Text, nullable=False),
+    Column("chunk", Integer, nullable=False, server_default="0"),
+    Column("judge_model", Text, nullable=False),
+    Column("rubric_hash", Text, nullable=False),
+    Column("mode", Text, nullable=False),  # missing | always | manual
+    Column("status", Text, nullable=False, server_default="running"),  # running | judged | failed
+    Column("reason", Text),
+    Column("trajectory_ids", ARRAY(UUID(as_uuid=True)), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("prompt_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("completion_tokens", BigInteger, nullable=False, server_default="0"),
+    # The judge's own calls are recorded under this client trajectory id (never trained on).
+    Column("judge_trajectory", Text),
+    Column("answer", JSONB),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finished_at", DateTime(timezone=True)),
+    CheckConstraint("status IN ('running', 'judged', 'failed')", name="ck_judgements_status"),
+    Index(
+        "uq_judgements_group",
+        "policy",
+        "tenant",
+        "group_key",
+        "chunk",
+        "judge_model",
+        "rubric_hash",
+        unique=True,
+    ),
+    Index("ix_judgements_policy_started", "policy", "started_at"),
 )

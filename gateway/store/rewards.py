@@ -70,16 +70,17 @@ LEFT JOIN trajectories rt ON rt.id = coalesce(t.merged_into, t.id)
 _INSERT = """
 INSERT INTO rewards (id, tenant, target_kind, target, target_trajectory_id, target_call, trajectory_id, status,
                      linked_at, name, value, metrics, comment, group_id, idempotency_key, content_hash, source,
-                     api_key_id, observed_at)
+                     api_key_id, observed_at, judgement_id)
 SELECT i.id, i.tenant, i.target_kind, i.target, i.target_trajectory_id, i.target_call, i.trajectory_id,
        CASE WHEN i.trajectory_id IS NULL THEN 'pending' ELSE 'linked' END,
        CASE WHEN i.trajectory_id IS NULL THEN NULL ELSE now() END,
        i.name, i.value, coalesce(i.metrics, '{}'::jsonb), i.comment, i.group_id, i.idempotency_key,
-       decode(i.content_hash, 'hex'), i.source, i.api_key_id, coalesce(to_timestamp(i.observed_at), now())
+       decode(i.content_hash, 'hex'), i.source, i.api_key_id, coalesce(to_timestamp(i.observed_at), now()),
+       i.judgement_id
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS i(
     ord int, id uuid, tenant text, target_kind text, target text, target_trajectory_id uuid, target_call text,
     trajectory_id uuid, name text, value float8, metrics jsonb, comment text, group_id text,
-    idempotency_key text, content_hash text, source text, api_key_id uuid, observed_at float8)
+    idempotency_key text, content_hash text, source text, api_key_id uuid, observed_at float8, judgement_id uuid)
 ORDER BY i.ord
 ON CONFLICT (tenant, idempotency_key, content_hash) WHERE idempotency_key IS NOT NULL DO NOTHING
 """
@@ -221,9 +222,10 @@ class NewReward:
     comment: str | None
     group_id: str | None
     idempotency_key: str | None
-    source: str  # "key" or "webhook:<secret name>"
+    source: str  # "key", "webhook:<secret name>" or "judge"
     api_key_id: uuid.UUID | None
     observed_at: float | None  # unix seconds; None: when the store receives it
+    judgement_id: uuid.UUID | None = None  # a judge's score: the judgement it came from
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,6 +468,7 @@ def _insert_row(position: int, reward: NewReward, hash_: str, trajectory_id: uui
         "source": reward.source,
         "api_key_id": reward.api_key_id,
         "observed_at": reward.observed_at,
+        "judgement_id": reward.judgement_id,
     }
 
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from apprentice.grouping import tenant_group_key
+
 GREEDY_TEMPERATURE = 1e-5
-# Message fields that define a task; ids and other bookkeeping that differ between attempts do not.
-_TASK_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,30 +76,6 @@ class Grouping:
         return self.equal_rewards + self.greedy
 
 
-def _task_message(message: Any) -> Any:
-    if not isinstance(message, dict):
-        return message
-    return {k: message[k] for k in _TASK_FIELDS if message.get(k) is not None}
-
-
-def task_messages(messages: Sequence[Any]) -> list[Any]:
-    """The messages before the first assistant turn: what every attempt at a task shares."""
-    out = []
-    for message in messages:
-        if isinstance(message, dict) and message.get("role") == "assistant":
-            break
-        out.append(_task_message(message))
-    return out
-
-
-def task_key(messages: Sequence[Any], tools: Any = None) -> str:
-    """A stable hash of the task: the messages up to the first assistant turn, and the tools."""
-    canonical = json.dumps(
-        [task_messages(messages), tools or None], sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
-    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
-
-
 def completion_key(parts: Iterable[Any]) -> str:
     """A fingerprint of a trajectory's answers (token ids or texts), to spot identical ones."""
     canonical = json.dumps(list(parts), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -108,9 +84,7 @@ def completion_key(parts: Iterable[Any]) -> str:
 
 def group_key(member: Member) -> str:
     """Group by the client's id when given, else by the task; never across tenants."""
-    if member.group_id:
-        return f"{member.tenant}\x00group\x00{member.group_id}"
-    return f"{member.tenant}\x00task\x00{member.task_key}"
+    return tenant_group_key(member.tenant, member.group_id, member.task_key)
 
 
 def is_greedy(temperature: float | None) -> bool:

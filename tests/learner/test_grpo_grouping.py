@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from apprentice.grouping import task_key, task_messages
 from learner.grpo.advantages import group_advantages
-from learner.grpo.grouping import Member, completion_key, group_key, make_groups, task_key, task_messages
+from learner.grpo.grouping import Member, completion_key, group_key, make_groups
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 
