@@ -17,6 +17,7 @@ from apprentice.promotion.provenance import Provenance
 from apprentice.promotion.rows import AdapterVersion
 from apprentice.promotion.service import ActionResult, PolicySummary, VersionDetail, VersionListing
 from apprentice.promotion.status import VersionStatus
+from gateway.judging.agreement import AgreementReport, Bucket, Figures, Interval
 
 
 class _FromRow(BaseModel):
@@ -270,3 +271,126 @@ class PolicyStateOut(_FromRow):
     learning_paused: bool
     updated_by: str | None
     updated_at: datetime
+
+
+class IntervalOut(BaseModel):
+    low: float
+    high: float
+
+
+class SpearmanOut(BaseModel):
+    mean: float | None = Field(
+        description="Mean over groups of Spearman's rho between the judge's scores and the webhook rewards "
+        "(average ranks for ties); none: no group where it is defined."
+    )
+    groups: int = Field(description="Groups where rho is defined (neither side constant within the group).")
+    interval: IntervalOut | None = Field(
+        description="95% percentile bootstrap interval, resampling groups; none under two groups."
+    )
+
+
+class PairwiseOut(BaseModel):
+    accuracy: float | None = Field(
+        description="Over the pairs of a group whose webhook rewards differ: the judge orders them the same "
+        "way 1, ties them 0.5, the other way 0; the sum over all pairs divided by their number. "
+        "None: no such pair."
+    )
+    pairs: int
+    groups: int = Field(description="Groups with at least one such pair.")
+    interval: IntervalOut | None = Field(
+        description="95% percentile bootstrap interval, resampling groups (pairs of a group are not "
+        "independent); none under two groups."
+    )
+
+
+class AgreementFiguresOut(BaseModel):
+    trajectories: int = Field(description="Trajectories with both a current webhook reward and a current judge score.")
+    groups: int = Field(description="Judged groups (judgements) with at least two such trajectories.")
+    spearman: SpearmanOut
+    pairwise: PairwiseOut
+
+    @classmethod
+    def parts(cls, figures: Figures) -> dict[str, Any]:
+        def interval(found: Interval | None) -> IntervalOut | None:
+            return IntervalOut(low=found.low, high=found.high) if found is not None else None
+
+        return {
+            "trajectories": figures.trajectories,
+            "groups": figures.groups,
+            "spearman": SpearmanOut(
+                mean=figures.spearman, groups=figures.spearman_groups, interval=interval(figures.spearman_interval)
+            ),
+            "pairwise": PairwiseOut(
+                accuracy=figures.pairwise_accuracy,
+                pairs=figures.pairs,
+                groups=figures.pairwise_groups,
+                interval=interval(figures.pairwise_interval),
+            ),
+        }
+
+
+class _BucketSpan(BaseModel):
+    start: datetime = Field(description="The bucket's first instant (UTC), inclusive.")
+    end: datetime = Field(description="Exclusive.")
+
+
+class AgreementBucketOut(AgreementFiguresOut, _BucketSpan):
+    """The figures of the groups judged in one hour or day (the span's fields come first)."""
+
+
+class JudgeSourceOut(BaseModel):
+    judge_model: str
+    rubric_hash: str
+    groups: int = Field(description="Its judgements with at least one trajectory that has both rewards.")
+    trajectories: int
+
+
+class JudgeAgreementOut(BaseModel):
+    """How well the judge ranks each judged group the way the webhook rewards do."""
+
+    object: Literal["judge.agreement"] = "judge.agreement"
+    policy: str
+    webhook_reward: str = Field(description="The webhook reward's name (the policy's `learning.reward_name`).")
+    judge_reward: str = Field(description="The judge's reward name (`judge.reward_name`, else `judge`).")
+    bucket: Bucket
+    since: datetime | None = Field(description="Only groups judged at or after this time; none: all.")
+    rubric_hash: str | None = Field(description="Only judgements with this rubric hash; none: any.")
+    resamples: int = Field(description="Bootstrap resamples of every interval (fewer when there are many groups).")
+    overall: AgreementFiguresOut
+    buckets: list[AgreementBucketOut] = Field(
+        description="Oldest first, by the time the group was judged; only buckets with data."
+    )
+    judges: list[JudgeSourceOut] = Field(description="The judge models and rubric hashes that contributed.")
+
+    @classmethod
+    def of(
+        cls,
+        report: AgreementReport,
+        *,
+        policy: str,
+        webhook_reward: str,
+        judge_reward: str,
+        bucket: Bucket,
+        since: datetime | None,
+        rubric_hash: str | None,
+    ) -> JudgeAgreementOut:
+        return cls(
+            policy=policy,
+            webhook_reward=webhook_reward,
+            judge_reward=judge_reward,
+            bucket=bucket,
+            since=since,
+            rubric_hash=rubric_hash,
+            resamples=report.resamples,
+            overall=AgreementFiguresOut(**AgreementFiguresOut.parts(report.overall)),
+            buckets=[
+                AgreementBucketOut(start=b.start, end=b.end, **AgreementFiguresOut.parts(b.figures))
+                for b in report.buckets
+            ],
+            judges=[
+                JudgeSourceOut(
+                    judge_model=s.judge_model, rubric_hash=s.rubric_hash, groups=s.groups, trajectories=s.trajectories
+                )
+                for s in report.sources
+            ],
+        )

@@ -3,11 +3,16 @@
 Every action is idempotent: asking for the status a version already has answers 200 with
 `changed: false`. A transition that the version's status does not allow answers 409 naming
 the status; an adapter that an endpoint would not load answers 502 naming the endpoint.
+
+Also a policy's judge agreement: how well its LLM judge ranks groups the way the webhook
+rewards do (gateway/judging/agreement.py), read-only.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
 from typing import TypeVar
 
 from fastapi import APIRouter, Query, Request
@@ -16,9 +21,11 @@ from apprentice.promotion import service
 from apprentice.promotion.lifecycle import TransitionError, VersionNotFound
 from apprentice.promotion.loading import LoadError
 from apprentice.promotion.status import VersionStatus
+from apprentice.settings import JudgeSettings
 from gateway.endpoints.admin.protocol import (
     ActionIn,
     ActionOut,
+    JudgeAgreementOut,
     PolicyListOut,
     PolicyOut,
     PolicyStateOut,
@@ -28,6 +35,8 @@ from gateway.endpoints.admin.protocol import (
     VersionListOut,
 )
 from gateway.http.errors import GatewayError
+from gateway.judging.agreement import Bucket, agreement
+from gateway.judging.agreement_store import scored_trajectories
 from gateway.state import GatewayState
 
 router = APIRouter(tags=["admin"])
@@ -188,3 +197,50 @@ async def pause(request: Request, policy: str) -> PolicyStateOut:
 @router.post("/v1/admin/policies/{policy}/resume", response_model=PolicyStateOut, summary="Resume learning")
 async def resume(request: Request, policy: str) -> PolicyStateOut:
     return await _pause(request, policy, False)
+
+
+@router.get(
+    "/v1/admin/policies/{policy}/judge/agreement",
+    response_model=JudgeAgreementOut,
+    summary="How well the judge agrees with the webhook rewards",
+    description="Over the trajectories that have both a current webhook reward and a current judge score: "
+    "per judged group, Spearman's rho and the pairwise accuracy of the judge against the webhook rewards, "
+    "then their mean and pooled values with 95% bootstrap intervals (resampling groups), overall and per "
+    "hour or day of judging, and the judge models and rubric hashes that contributed. A policy without a "
+    "judge configured answers the judge scores it has (e.g. from the CLI) under the default name `judge`.",
+)
+async def judge_agreement(
+    request: Request,
+    policy: str,
+    bucket: Bucket = Query("day", description="Split the figures per `hour` or `day` (UTC) of judging."),
+    since: datetime | None = Query(
+        None, description="Only groups judged at or after this time (RFC 3339, UTC when no offset, or unix seconds)."
+    ),
+    rubric_hash: str | None = Query(None, description="Only judgements with this rubric hash."),
+) -> JudgeAgreementOut:
+    state, _ = await _admin(request)
+    settings = state.settings.policy(policy)
+    if settings is None:
+        raise GatewayError(404, f"policy {policy!r} is not configured", param="policy", code="policy_not_found")
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=timezone.utc)
+    judge_name = settings.judge.reward_name if settings.judge else JudgeSettings.model_fields["reward_name"].default
+    rows = await scored_trajectories(
+        state.engine,
+        policy,
+        webhook_name=settings.learning.reward_name,
+        judge_name=judge_name,
+        since=since,
+        rubric_hash=rubric_hash,
+    )
+    # The bootstrap is CPU work (up to about half a second): off the event loop.
+    report = await asyncio.to_thread(agreement, rows, bucket=bucket)
+    return JudgeAgreementOut.of(
+        report,
+        policy=policy,
+        webhook_reward=settings.learning.reward_name,
+        judge_reward=judge_name,
+        bucket=bucket,
+        since=since,
+        rubric_hash=rubric_hash,
+    )
