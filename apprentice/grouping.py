@@ -46,3 +46,8 @@ def tenant_group_key(tenant: str, group_id: str | None, task: str) -> str:
     if group_id:
         return f"{tenant}\x00group\x00{group_id}"
     return f"{tenant}\x00task\x00{task}"
+
+
+def group_name(group_id: str | None, task: str) -> str:
+    """A group's printable name within its tenant: "group:<client id>" or "task:<task hash>"."""
+    return f"group:{group_id}" if group_id else f"task:{task}"

@@ -22,6 +22,7 @@ from apprentice.settings import Settings
 from apprentice.store.schema import check_schema
 from gateway import __version__
 from gateway.endpoints import operations
+from gateway.endpoints.admin import judging as admin_judging
 from gateway.endpoints.admin import routes as admin_routes
 from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
 from gateway.endpoints.passthrough import PassthroughEndpoint
@@ -62,6 +63,7 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
     app.include_router(rewards_routes.router)
     app.include_router(trajectories_routes.router)
     app.include_router(admin_routes.router)
+    app.include_router(admin_judging.router)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_: Request, error: GatewayError) -> Response:

@@ -296,7 +296,7 @@ judgements = Table(
     Column("id", UUID(as_uuid=True), primary_key=True),
     Column("policy", Text, nullable=False),
     Column("tenant", Text, nullable=False),
-    # The group as the learner groups it: the client's group id or the task hash.
+    # The group within its tenant as the learner groups it: "group:<client id>" or "task:<hash>".
     Column("group_key", Text, nullable=False),
     Column("chunk", Integer, nullable=False, server_default="0"),
     Column("judge_model", Text, nullable=False),

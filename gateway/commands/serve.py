@@ -68,6 +68,10 @@ def serve(
     host = host or settings.host
     port = port or settings.port
     workers = workers or settings.workers
+    # The address is part of the settings the app reads (the judge calls the gateway there);
+    # worker processes rebuild the settings from the environment, so it goes there too.
+    settings.host, settings.port = host, port
+    os.environ["APPRENTICE_HOST"], os.environ["APPRENTICE_PORT"] = host, str(port)
     if settings.auth.mode == "open" and not is_loopback(host) and not allow_open_remote:
         raise click.ClickException(
             f"auth.mode is 'open' (no API keys) and the gateway would listen on {host}: open mode is for "

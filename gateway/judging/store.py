@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from apprentice.grouping import task_key, tenant_group_key
+from apprentice.grouping import group_name, task_key
 from apprentice.settings import JudgeSettings, PolicySettings
 from gateway.store.connection import driver_connection
 from gateway.store.rewards import NewReward, ingest_rewards, lock_key
@@ -156,7 +156,7 @@ def groups_to_judge(
     two members or more, and (mode "missing") some member without a webhook reward."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
-        key = tenant_group_key(row["tenant"], row["group_id"], task_key(row["messages"] or [], row["tools"]))
+        key = group_name(row["group_id"], task_key(row["messages"] or [], row["tools"]))
         groups.setdefault((row["tenant"], key), []).append(row)
     ready = []
     for (tenant, key), members in groups.items():
@@ -376,3 +376,63 @@ async def judgement_of_group(
             (policy, judge_model, rubric_hash, tenant, group_key),
         )
         return list(await cursor.fetchall())
+
+
+_POLICY_TRAJECTORIES = """
+SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at)::float8 AS last_call_at,
+       fc.request->'messages' AS messages, fc.request->'tools' AS tools, false AS has_webhook
+FROM trajectories t
+LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
+                   ORDER BY c.created_at, c.id LIMIT 1) fc ON true
+WHERE t.policy = %(policy)s AND t.merged_into IS NULL
+  AND (t.client_trajectory_id IS NULL OR t.client_trajectory_id NOT LIKE 'apprentice-judge:%%')
+  AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
+  AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
+ORDER BY t.first_call_at, t.id
+LIMIT %(limit)s
+"""
+
+
+async def find_group(
+    engine: AsyncEngine, policy: PolicySettings, max_group_size: int, group: str, tenant: str | None
+) -> list[GroupChunk]:
+    """The chunks of the one group named by `group`: a client group id, a task hash, or the id
+    of one of its trajectories (trained ones included: this is for rubric work)."""
+    async with _Cursor(engine) as cursor:
+        await cursor.execute(
+            _POLICY_TRAJECTORIES,
+            {"policy": policy.name, "tenant": tenant, "max_age_s": policy.learning.max_age_s, "limit": SCAN_LIMIT},
+        )
+        rows = await cursor.fetchall()
+    keyed: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    wanted: set[tuple[str, str]] = set()
+    for row in rows:
+        task = task_key(row["messages"] or [], row["tools"])
+        named = (row["tenant"], group_name(row["group_id"], task))
+        keyed.setdefault(named, []).append(row)
+        if group in (row["id"], row["group_id"], task):
+            wanted.add(named)
+    if len(wanted) > 1:
+        tenants = ", ".join(sorted({t for t, _ in wanted}))
+        raise LookupError(f"group {group!r} exists in several tenants ({tenants}): name one with --tenant")
+    if not wanted:
+        return []
+    ((tenant_name, key),) = wanted
+    ids = [m["id"] for m in keyed[(tenant_name, key)]]
+    return [GroupChunk(tenant_name, key, i, c) for i, c in enumerate(split_chunks(ids, max_group_size))]
+
+
+async def status_counts(engine: AsyncEngine, policy: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """(judgements by status, the ten latest failures) of a policy, for the admin API."""
+    async with _Cursor(engine) as cursor:
+        await cursor.execute(
+            "SELECT status, count(*) AS n FROM judgements WHERE policy = %s GROUP BY status", (policy,)
+        )
+        counts = {"running": 0, "judged": 0, "failed": 0}
+        counts.update({row["status"]: int(row["n"]) for row in await cursor.fetchall()})
+        await cursor.execute(
+            "SELECT id, tenant, group_key, chunk, judge_model, rubric_hash, reason, attempts, finished_at "
+            "FROM judgements WHERE policy = %s AND status = 'failed' ORDER BY finished_at DESC LIMIT 10",
+            (policy,),
+        )
+        return counts, list(await cursor.fetchall())

@@ -13,6 +13,7 @@ the request, so tests can check that the gateway forwards and records them faith
   stream further: `chunks`, `line_ending: "crlf"` (as sse-starlette writes), `chunk_delay_ms`
   between writes, and `split_done_ms`: the final `data: [DONE]` written in two parts that
   far apart.
+- `model` "judge-..." answers as an LLM judge would (tests/support/fake_judge.py).
 - `GET /_requests` returns the bodies received (newest last); `DELETE /_requests` clears them.
 
 Run it alone with `python -m tests.support.fake_upstream --port 9100`.
@@ -27,6 +28,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+
+from tests.support.fake_judge import judge_content
 
 DEFAULT_CHUNKS = 20
 ANSWER_WORDS = 20
@@ -143,6 +146,8 @@ class FakeUpstream:
             return _error(400, "messages must be a list")
         self.counter += 1
         completion_id = f"chatcmpl-fake{self.counter:08d}"
+        if model.startswith("judge-"):
+            return web.Response(body=orjson.dumps(self._judge(body, completion_id)), content_type="application/json")
         if body.get("stream"):
             return await self._stream(request, body, completion_id)
         return web.Response(body=orjson.dumps(self._complete(body, completion_id)), content_type="application/json")
@@ -153,6 +158,26 @@ class FakeUpstream:
             "prompt_tokens": prompt,
             "completion_tokens": ANSWER_WORDS * n,
             "total_tokens": prompt + ANSWER_WORDS * n,
+        }
+
+    def _judge(self, body: dict[str, Any], completion_id: str) -> dict[str, Any]:
+        content = judge_content(body)
+        prompt = sum(len(str(m.get("content") or "").split()) for m in body["messages"])
+        completion = len(content.split())
+        return {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
         }
 
     def _complete(self, body: dict[str, Any], completion_id: str) -> dict[str, Any]:
