@@ -213,7 +213,19 @@ def _grouping_metrics(grouping: Grouping, selection: Selection) -> dict[str, Any
         "candidates": len(selection.candidates),
         "waiting_unrewarded": len(selection.waiting),
         "from_version": head.name if head else None,
+        "reward_source": selection.source,
+        "reward_sources": _reward_sources(grouping, selection),
     }
+
+
+def _reward_sources(grouping: Grouping, selection: Selection) -> dict[str, int]:
+    """How many usable groups train on each reward (webhook or judge; never both in one group)."""
+    counts = {"webhook": 0, "judge": 0}
+    for group in grouping.usable:
+        source = selection.group_sources.get(group.key)
+        if source is not None:
+            counts[source] += 1
+    return counts
 
 
 def _samples(
@@ -341,8 +353,8 @@ def _locked_run(
     metrics: dict[str, Any] = {}
     try:
         _remove_orphan_adapters(connection, directory, policy.name)
-        selection = select(connection, policy.name, policy.base_model, learning)
-        grouping = make_groups(selection.members, learning.min_group_size, selection.now, learning.reward_wait_s)
+        selection = select(connection, policy)
+        grouping = make_groups(selection.members, learning.min_group_size, selection.now, selection.wait_s)
         metrics.update(_grouping_metrics(grouping, selection))
         run = RunContext(
             connection, policy, trainer, run_id, selection, grouping, directory, progress, started, metrics

@@ -104,7 +104,7 @@ class Learner:
         outcome = None
         while True:
             with psycopg.connect(self.url, autocommit=True) as connection:
-                waiting = count_new_groups(connection, policy.name, policy.learning)
+                waiting = count_new_groups(connection, policy)
             if waiting < wanted:
                 return outcome
             outcome = self.run(policy.name, f"min_new_groups:{waiting}")

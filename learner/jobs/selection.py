@@ -1,8 +1,10 @@
 """Which trajectories a learner run trains on, read from PostgreSQL.
 
-Rewarded trajectories of the policy (current reward of the configured name), not trained on
-yet, not merged into another, whose last call is within `max_age_s`; newest first, at most
-`max_trajectories`. Each trajectory's calls are read in order and checked:
+Rewarded trajectories of the policy (a current reward of a name the policy's reward source
+reads, see "Which reward" below), not trained on yet, not merged into another, whose last call
+is within `max_age_s`; newest first, at most `max_trajectories`. The judge's own calls
+(client trajectory id `apprentice-judge:...`) are never read: they are not the policy's work.
+Each trajectory's calls are read in order and checked:
 
 - Served by this policy's own base model: every answered call went to the base model itself
   (`upstream_model` = the policy's `base_model`, adapter version NULL) or to one of the
@@ -22,7 +24,18 @@ yet, not merged into another, whose last call is within `max_age_s`; newest firs
   drifts a little further, and far enough back most weights sit at the cap, so the data adds
   bias, not signal (docs/learner.md, "The training lineage").
 - Recent unrewarded trajectories are read too, only to learn their groups: a group whose
-  rewards are still arriving waits (see grouping.classify).
+  rewards are still arriving waits (see grouping.classify and `RewardPlan.wait_s`).
+
+Which reward (`PolicySettings.reward_source`, see `RewardPlan`):
+- "webhook": the current reward named `learning.reward_name`.
+- "judge": the current reward named `judge.reward_name` (the LLM judge's scores).
+- "webhook_else_judge": both are read, and each group (grpo.grouping.group_key) trains on one
+  of them: the webhook's when every rewarded member has one, else the judge's when it scored
+  at least as many members as the webhook did, else the webhook's; members without the chosen
+  reward drop out of that group this run. The two are never mixed within a group: GRPO's
+  advantage compares each member's reward with the others' in its group, and a webhook's 0/1
+  and a judge's relative score in [0, 1] are on different scales, so a mixed group would
+  reward whichever member happened to be scored by the more generous source.
 
 Pure reads, no locks: the run's advisory lock keeps other learners of the policy away, and
 rows this reads may change meanwhile without harm (a late reward is used next time).
@@ -30,39 +43,68 @@ rows this reads may change meanwhile without harm (a late reward is used next ti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import psycopg
 from psycopg.rows import dict_row
 
+from apprentice.grouping import task_key
 from apprentice.promotion.lineage import ancestors, lineage_head
 from apprentice.promotion.rows import AdapterVersion
-from learner.grpo.grouping import Member, completion_key, is_greedy, task_key
+from apprentice.settings import PolicySettings
+from learner.grpo.grouping import Member, completion_key, group_key, is_greedy
 from learner.grpo.tokens import CallRecord, TokenizationError, parse_call
 
-_REWARDED = """
+# What a policy trains on (PolicySettings.reward_source), and what one group trains on.
+RewardSource = Literal["webhook", "judge", "webhook_else_judge"]
+GroupSource = Literal["webhook", "judge"]
+
+# The client trajectory ids of the judge's own calls (gateway/judging records them so): another
+# model's work on another task (judging), never this policy's training data.
+JUDGE_TRAJECTORY_PREFIX = "apprentice-judge:"
+
+# How long past its due time (judge_wait_s after a group's last call) a group that the judge may
+# score keeps waiting for it, besides one judge poll: time for one judging call of a group (a
+# prompt of at most judge.max_group_size trajectories, usually well under a minute) and a retry.
+# Not judge.timeout_s x max_attempts: every group would then wait that worst case (15 minutes
+# by default) before training; a judge later than this costs only that group's unscored
+# members this run (the group trains on what it has, never a mix).
+JUDGE_GRACE_S = 120.0
+
+# Untrained, unmerged trajectories of the policy, the judge's own left out: what every query reads.
+_UNTRAINED = """
+t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL
+  AND (t.client_trajectory_id IS NULL OR NOT starts_with(t.client_trajectory_id, %(judge_prefix)s))
+"""
+
+# Each trajectory with its current webhook reward and judge score (NULL: none, or not read:
+# a NULL name matches no row); a trajectory with neither is not rewarded.
+_REWARDED = f"""
 SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at)::float8 AS last_call_at,
-       r.value AS reward
+       w.value AS webhook, j.value AS judge
 FROM trajectories t
-JOIN rewards r ON r.trajectory_id = t.id AND r.name = %(reward_name)s AND r.status = 'linked'
-              AND r.superseded_at IS NULL
-WHERE t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL
+LEFT JOIN rewards w ON w.trajectory_id = t.id AND w.name = %(webhook_name)s AND w.status = 'linked'
+                   AND w.superseded_at IS NULL
+LEFT JOIN rewards j ON j.trajectory_id = t.id AND j.name = %(judge_name)s AND j.status = 'linked'
+                   AND j.superseded_at IS NULL
+WHERE {_UNTRAINED}
   AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
+  AND (w.value IS NOT NULL OR j.value IS NOT NULL)
 ORDER BY t.last_call_at DESC
 LIMIT %(limit)s
 """
 
 # Unrewarded recent trajectories: only their group matters (is the group still filling up?).
-_WAITING = """
+_WAITING = f"""
 SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at)::float8 AS last_call_at,
        fc.request
 FROM trajectories t
 LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
                    ORDER BY c.created_at, c.id LIMIT 1) fc ON true
-WHERE t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL
+WHERE {_UNTRAINED}
   AND t.last_call_at >= now() - make_interval(secs => %(wait_s)s)
-  AND NOT EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id AND r.name = %(reward_name)s
+  AND NOT EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id AND r.name = ANY(%(names)s)
                   AND r.status = 'linked' AND r.superseded_at IS NULL)
 LIMIT %(limit)s
 """
@@ -75,6 +117,50 @@ ORDER BY c.trajectory_id, c.created_at, c.id
 """
 
 _VERSIONS = "SELECT * FROM adapter_versions WHERE policy = %(policy)s"
+
+
+@dataclass(frozen=True)
+class RewardPlan:
+    """Which current rewards a policy's learner reads, and how long an unrewarded trajectory holds its group.
+
+    `wait_s`: with the webhook alone, `learning.reward_wait_s`. When the judge's scores train
+    (source "judge" or "webhook_else_judge"), a group is judged `judge_wait_s` after its last
+    call, so its unscored members hold it for max(reward_wait_s, judge_wait_s) plus one judge
+    poll plus JUDGE_GRACE_S: otherwise a group whose webhook rewards are partial would train on
+    its webhook subset moments before the judge scores all of it.
+    """
+
+    source: RewardSource
+    webhook_name: str | None  # None: webhook rewards are not read
+    judge_name: str | None  # None: judge scores are not read
+    wait_s: float
+
+    @classmethod
+    def of(cls, policy: PolicySettings) -> RewardPlan:
+        source = policy.reward_source
+        learning = policy.learning
+        if source == "webhook":
+            return cls(source, learning.reward_name, None, learning.reward_wait_s)
+        judge = policy.judge
+        if judge is None:  # Settings refuses this configuration; a bare PolicySettings may hold it
+            raise ValueError(f"policy {policy.name!r}: reward source {source!r} needs a judge")
+        wait_s = max(learning.reward_wait_s, policy.judge_wait_s) + judge.poll_interval_s + JUDGE_GRACE_S
+        webhook_name = learning.reward_name if source == "webhook_else_judge" else None
+        return cls(source, webhook_name, judge.reward_name, wait_s)
+
+    @property
+    def names(self) -> list[str]:
+        """The reward names read: a trajectory with a current reward of one of them is rewarded."""
+        return [name for name in (self.webhook_name, self.judge_name) if name is not None]
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "webhook_name": self.webhook_name,
+            "judge_name": self.judge_name,
+            "names": self.names,
+            "wait_s": self.wait_s,
+            "judge_prefix": JUDGE_TRAJECTORY_PREFIX,
+        }
 
 
 @dataclass
@@ -95,10 +181,15 @@ class Version:
 
 @dataclass
 class Candidate:
-    """A rewarded trajectory that may train: its calls parsed, its grouping facts."""
+    """A rewarded trajectory that may train: its calls parsed, its grouping facts, its rewards.
+
+    `member.reward` is the value its group trains on, set by `assign_rewards` (None before).
+    """
 
     member: Member
     calls: list[CallRecord]
+    webhook: float | None = None  # its current webhook reward, when the plan reads it
+    judge: float | None = None  # its current judge score, when the plan reads it
 
 
 @dataclass
@@ -132,6 +223,9 @@ class Selection:
     lineage: Lineage = field(default_factory=lambda: Lineage(None, {None}, set()))
     skipped: dict[str, int] = field(default_factory=dict)
     stale: dict[str, str] = field(default_factory=dict)  # trajectory id -> off_lineage | too_stale: consumed
+    source: RewardSource = "webhook"  # the policy's resolved reward source
+    wait_s: float = 0.0  # how long unrewarded members hold their group (RewardPlan.wait_s)
+    group_sources: dict[str, GroupSource] = field(default_factory=dict)  # group key -> the reward it trains on
 
     @property
     def stale_counts(self) -> dict[str, int]:
@@ -192,14 +286,54 @@ def build_candidate(
     member = Member(
         trajectory_id=trajectory["id"],
         tenant=trajectory["tenant"],
-        reward=trajectory["reward"],
+        reward=None,
         group_id=trajectory["group_id"],
         task_key=task_key(first.get("messages") or [], first.get("tools")),
         greedy=any(is_greedy(r["temperature"]) for r in answered),
         completion_key=completion_key(_answer_key(c) for c in calls),
         last_call_at=trajectory["last_call_at"],
     )
-    return Candidate(member, calls), None
+    return Candidate(member, calls, webhook=trajectory.get("webhook"), judge=trajectory.get("judge")), None
+
+
+def group_source(members: list[Candidate], source: RewardSource) -> GroupSource:
+    """The reward one group trains on (see "Which reward" in the module docstring).
+
+    Every candidate has at least one of the two, so "every rewarded member has the webhook's"
+    is "every candidate has it". A tie goes to the judge: it scored its members side by side,
+    for exactly this comparison, while the webhook's values of a partial group are whatever
+    arrived.
+    """
+    if source == "webhook":
+        return "webhook"
+    if source == "judge":
+        return "judge"
+    webhook = sum(c.webhook is not None for c in members)
+    if webhook == len(members):
+        return "webhook"
+    judged = sum(c.judge is not None for c in members)
+    return "judge" if judged >= webhook else "webhook"
+
+
+def assign_rewards(selection: Selection) -> None:
+    """Give each candidate the reward its group trains on; drop those without it (counted).
+
+    A dropped member is left untrained and unmarked: a later reward may bring it back.
+    """
+    groups: dict[str, list[str]] = {}
+    for trajectory_id, candidate in selection.candidates.items():
+        groups.setdefault(group_key(candidate.member), []).append(trajectory_id)
+    for key, ids in groups.items():
+        chosen = group_source([selection.candidates[i] for i in ids], selection.source)
+        selection.group_sources[key] = chosen
+        for trajectory_id in ids:
+            candidate = selection.candidates[trajectory_id]
+            value = candidate.webhook if chosen == "webhook" else candidate.judge
+            if value is None:
+                del selection.candidates[trajectory_id]
+                selection.skip("other_reward_source")
+            else:
+                candidate.member = replace(candidate.member, reward=value)
 
 
 def load_versions(connection: psycopg.Connection, policy: str) -> list[AdapterVersion]:
@@ -208,22 +342,35 @@ def load_versions(connection: psycopg.Connection, policy: str) -> list[AdapterVe
         return [AdapterVersion.from_row(r) for r in cursor.fetchall()]
 
 
-def select(connection: psycopg.Connection, policy: str, base_model: str, learning: Any) -> Selection:
-    """Read the candidates of one learner run (see the module docstring)."""
+def _waiting_member(row: dict[str, Any]) -> Member:
+    request = row["request"] or {}
+    return Member(
+        trajectory_id=row["id"],
+        tenant=row["tenant"],
+        reward=None,
+        group_id=row["group_id"],
+        task_key=task_key(request.get("messages") or [], request.get("tools")),
+        last_call_at=row["last_call_at"],
+    )
+
+
+def select(connection: psycopg.Connection, policy: PolicySettings) -> Selection:
+    """Read the candidates of one learner run of `policy` (see the module docstring)."""
+    learning = policy.learning
+    plan = RewardPlan.of(policy)
     with connection.cursor(row_factory=dict_row) as cursor:
         cursor.execute("SELECT extract(epoch FROM now())::float8 AS now")
         clock = cursor.fetchone()
         assert clock is not None  # SELECT now() always returns its one row
-        selection = Selection(now=clock["now"])
-        rows = load_versions(connection, policy)
+        selection = Selection(now=clock["now"], source=plan.source, wait_s=plan.wait_s)
+        rows = load_versions(connection, policy.name)
         selection.versions = {str(row.id): Version.of(row) for row in rows}
         selection.lineage = Lineage.of(rows, learning.max_staleness)
         params = {
-            "policy": policy,
-            "reward_name": learning.reward_name,
+            **plan.params(),
+            "policy": policy.name,
             "max_age_s": learning.max_age_s,
             "limit": learning.max_trajectories,
-            "wait_s": learning.reward_wait_s,
         }
         cursor.execute(_REWARDED, params)
         trajectories = cursor.fetchall()
@@ -233,7 +380,7 @@ def select(connection: psycopg.Connection, policy: str, base_model: str, learnin
             calls.setdefault(row["trajectory_id"], []).append(row)
         for trajectory in trajectories:
             candidate, reason = build_candidate(
-                trajectory, calls.get(trajectory["id"], []), base_model, selection.versions
+                trajectory, calls.get(trajectory["id"], []), policy.base_model, selection.versions
             )
             if candidate is None:
                 selection.skip(reason or "unknown")
@@ -241,41 +388,35 @@ def select(connection: psycopg.Connection, policy: str, base_model: str, learnin
                 selection.stale[trajectory["id"]] = stale
             else:
                 selection.candidates[trajectory["id"]] = candidate
-        if learning.reward_wait_s > 0:
+        assign_rewards(selection)
+        if plan.wait_s > 0:
             cursor.execute(_WAITING, params)
-            for row in cursor.fetchall():
-                request = row["request"] or {}
-                selection.waiting.append(
-                    Member(
-                        trajectory_id=row["id"],
-                        tenant=row["tenant"],
-                        reward=None,
-                        group_id=row["group_id"],
-                        task_key=task_key(request.get("messages") or [], request.get("tools")),
-                        last_call_at=row["last_call_at"],
-                    )
-                )
+            selection.waiting.extend(_waiting_member(row) for row in cursor.fetchall())
     return selection
 
 
-_NEW_GROUPS = """
-SELECT count(DISTINCT coalesce('g:' || t.group_id, 't:' || md5(coalesce(fc.request->'messages', 'null'::jsonb)::text
-                                                          || coalesce(fc.request->'tools', 'null'::jsonb)::text)))
+# Tenant-scoped like grouping.group_key; the task is approximated by a hash of the first call's
+# messages and tools (grouping's task_key normalizes them first), which is close enough to decide
+# whether a run is worth starting.
+_NEW_GROUPS = f"""
+SELECT count(DISTINCT (t.tenant, coalesce('g:' || t.group_id,
+                                          't:' || md5(coalesce(fc.request->'messages', 'null'::jsonb)::text
+                                                      || coalesce(fc.request->'tools', 'null'::jsonb)::text))))
 FROM trajectories t
-JOIN rewards r ON r.trajectory_id = t.id AND r.name = %(reward_name)s AND r.status = 'linked'
-              AND r.superseded_at IS NULL
 LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
                    ORDER BY c.created_at, c.id LIMIT 1) fc ON true
-WHERE t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL
+WHERE {_UNTRAINED}
   AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
+  AND EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id AND r.name = ANY(%(names)s)
+              AND r.status = 'linked' AND r.superseded_at IS NULL)
 """
 
 
-def count_new_groups(connection: psycopg.Connection, policy: str, learning: Any) -> int:
-    """About how many groups of rewarded, untrained trajectories wait (cheap; for the trigger)."""
+def count_new_groups(connection: psycopg.Connection, policy: PolicySettings) -> int:
+    """About how many groups of rewarded (by a reward the policy trains on), untrained trajectories
+    wait (cheap; for the trigger)."""
+    params = {**RewardPlan.of(policy).params(), "policy": policy.name, "max_age_s": policy.learning.max_age_s}
     with connection.cursor() as cursor:
-        cursor.execute(
-            _NEW_GROUPS, {"policy": policy, "reward_name": learning.reward_name, "max_age_s": learning.max_age_s}
-        )
+        cursor.execute(_NEW_GROUPS, params)
         count = cursor.fetchone()
         return int(count[0]) if count is not None else 0
