@@ -51,3 +51,8 @@ def tenant_group_key(tenant: str, group_id: str | None, task: str) -> str:
 def group_name(group_id: str | None, task: str) -> str:
     """A group's printable name within its tenant: "group:<client id>" or "task:<task hash>"."""
     return f"group:{group_id}" if group_id else f"task:{task}"
+
+
+# The client trajectory ids under which the LLM judge's own calls are recorded
+# (gateway/judging): they are never judged and never trained on.
+JUDGE_TRAJECTORY_PREFIX = "apprentice-judge:"

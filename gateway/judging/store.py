@@ -27,12 +27,11 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from apprentice.grouping import group_name, task_key
+from apprentice.grouping import JUDGE_TRAJECTORY_PREFIX, group_name, task_key
 from apprentice.settings import JudgeSettings, PolicySettings
 from gateway.store.connection import driver_connection
 from gateway.store.rewards import NewReward, ingest_rewards, lock_key
 
-JUDGE_TRAJECTORY_PREFIX = "apprentice-judge:"
 BUDGET_WINDOW_S = 3600.0
 SCAN_LIMIT = 5000
 

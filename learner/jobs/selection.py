@@ -49,7 +49,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg.rows import dict_row
 
-from apprentice.grouping import task_key
+from apprentice.grouping import JUDGE_TRAJECTORY_PREFIX, task_key
 from apprentice.promotion.lineage import ancestors, lineage_head
 from apprentice.promotion.rows import AdapterVersion
 from apprentice.settings import PolicySettings
@@ -59,10 +59,6 @@ from learner.grpo.tokens import CallRecord, TokenizationError, parse_call
 # What a policy trains on (PolicySettings.reward_source), and what one group trains on.
 RewardSource = Literal["webhook", "judge", "webhook_else_judge"]
 GroupSource = Literal["webhook", "judge"]
-
-# The client trajectory ids of the judge's own calls (gateway/judging records them so): another
-# model's work on another task (judging), never this policy's training data.
-JUDGE_TRAJECTORY_PREFIX = "apprentice-judge:"
 
 # How long past its due time (judge_wait_s after a group's last call) a group that the judge may
 # score keeps waiting for it, besides one judge poll: time for one judging call of a group (a
@@ -82,7 +78,7 @@ t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL
 # a NULL name matches no row); a trajectory with neither is not rewarded.
 _REWARDED = f"""
 SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at)::float8 AS last_call_at,
-       w.value AS webhook, j.value AS judge
+       w.value AS webhook, j.value AS judge, j.judgement_id::text AS judgement
 FROM trajectories t
 LEFT JOIN rewards w ON w.trajectory_id = t.id AND w.name = %(webhook_name)s AND w.status = 'linked'
                    AND w.superseded_at IS NULL
@@ -190,6 +186,7 @@ class Candidate:
     calls: list[CallRecord]
     webhook: float | None = None  # its current webhook reward, when the plan reads it
     judge: float | None = None  # its current judge score, when the plan reads it
+    judgement: str | None = None  # the judgement that scored it: the members it was compared with
 
 
 @dataclass
@@ -293,7 +290,16 @@ def build_candidate(
         completion_key=completion_key(_answer_key(c) for c in calls),
         last_call_at=trajectory["last_call_at"],
     )
-    return Candidate(member, calls, webhook=trajectory.get("webhook"), judge=trajectory.get("judge")), None
+    return (
+        Candidate(
+            member,
+            calls,
+            webhook=trajectory.get("webhook"),
+            judge=trajectory.get("judge"),
+            judgement=trajectory.get("judgement"),
+        ),
+        None,
+    )
 
 
 def group_source(members: list[Candidate], source: RewardSource) -> GroupSource:
@@ -332,8 +338,15 @@ def assign_rewards(selection: Selection) -> None:
             if value is None:
                 del selection.candidates[trajectory_id]
                 selection.skip("other_reward_source")
+            elif chosen == "judge" and candidate.judgement is not None:
+                # A judge's scores compare only the members it read together: a large group is
+                # judged in chunks, and each chunk is its own GRPO group.
+                candidate.member = replace(candidate.member, reward=value, group_id=f"judgement:{candidate.judgement}")
+                selection.group_sources[group_key(candidate.member)] = "judge"
             else:
                 candidate.member = replace(candidate.member, reward=value)
+        if chosen == "judge" and any(selection.candidates[i].judgement for i in ids if i in selection.candidates):
+            del selection.group_sources[key]  # its members now train in their judgements' groups
 
 
 def load_versions(connection: psycopg.Connection, policy: str) -> list[AdapterVersion]:

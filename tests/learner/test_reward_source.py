@@ -91,9 +91,11 @@ def add_reward(
     *,
     status: str = "linked",
     superseded: bool = False,
+    judgement: str | None = None,
 ) -> None:
     """A reward row on `trajectory`; a "judge" one as the judge stores it (source, judgement id)."""
     judged = name == "judge"
+    judgement = judgement or str(uuid.uuid4())
     db.execute(
         "INSERT INTO rewards (id, tenant, target_kind, target, trajectory_id, status, linked_at, name, value, "
         "content_hash, source, judgement_id, observed_at, superseded_at) "
@@ -106,7 +108,7 @@ def add_reward(
             name,
             value,
             "judge" if judged else "key",
-            str(uuid.uuid4()) if judged else None,
+            judgement if judged else None,
             superseded,
             trajectory,
         ),
@@ -116,14 +118,16 @@ def add_reward(
 def group(
     db: psycopg.Connection, task: str, webhook: list[float | None], judge: list[float | None], **kwargs: Any
 ) -> list[str]:
-    """One trajectory per position, each with the webhook reward and judge score given (None: none)."""
+    """One trajectory per position, each with the webhook reward and judge score given (None: none);
+    the judge scored them all in one judgement."""
     ids = []
+    judgement = str(uuid.uuid4())
     for index, (w, j) in enumerate(zip(webhook, judge, strict=True)):
         trajectory = add_trajectory(db, task, [40 + index, 50 + len(task), 2], **kwargs)
         if w is not None:
             add_reward(db, trajectory, w)
         if j is not None:
-            add_reward(db, trajectory, j, "judge")
+            add_reward(db, trajectory, j, "judge", judgement=judgement)
         ids.append(trajectory)
     return ids
 
@@ -217,6 +221,19 @@ def test_webhook_else_judge_decides_per_group_and_never_mixes(db, database_url):
         source = selection.group_sources[trained.key]
         candidates = [selection.candidates[m.trajectory_id] for m in trained.members]
         assert [m.reward for m in trained.members] == [getattr(c, source) for c in candidates], source
+
+
+def test_a_group_judged_in_chunks_trains_as_one_group_per_chunk(db, database_url):
+    """The judge's scores compare only the members it read together (one judgement)."""
+    first = group(db, "large task", webhook=[None] * 3, judge=[0.1, 0.5, 0.9])
+    second = group(db, "large task", webhook=[None] * 3, judge=[0.2, 0.6, 1.0])
+    selection = run_select(database_url, policy())
+    assert rewards_of(selection) == {**expect(first, [0.1, 0.5, 0.9]), **expect(second, [0.2, 0.6, 1.0])}
+    grouping = make_groups(selection.members, 2, selection.now, selection.wait_s)
+    assert sorted(sorted(m.trajectory_id for m in g.members) for g in grouping.usable) == sorted(
+        [sorted(first), sorted(second)]
+    )
+    assert all(selection.group_sources[g.key] == "judge" for g in grouping.usable)
 
 
 def test_webhook_else_judge_groups_are_tenant_scoped(db, database_url):
@@ -316,8 +333,9 @@ def test_a_group_with_partial_webhook_rewards_waits_for_the_judge(db, database_u
     held = classify(policy(judge=judge, reward_wait_s=60))
     assert held.counts()["waiting"] == 1 and not held.usable
 
+    judgement = str(uuid.uuid4())  # the judge scores the whole group in one judgement
     for trajectory, score in zip(ids, [0.1, 0.4, 0.6, 0.9], strict=True):
-        add_reward(db, trajectory, score, "judge")
+        add_reward(db, trajectory, score, "judge", judgement=judgement)
     judged = classify(policy(judge=judge, reward_wait_s=60))
     assert [{m.trajectory_id: m.reward for m in g.members} for g in judged.usable] == [
         dict(zip(ids, [0.1, 0.4, 0.6, 0.9], strict=True))
