@@ -94,7 +94,7 @@ def test_thousand_concurrent_rewards(start_gateway, db):
                 headers={"X-Trajectory-Id": f"run-{index}"},
                 json={"model": "fake-model", "messages": [{"role": "user", "content": f"t{index}"}]},
             )
-            trajectory, call = response.headers["x-trajectory-id"], response.json()["id"]
+            trajectory, call = response.headers["x-apprentice-trajectory-id"], response.json()["id"]
             ref = [{"trajectory_id": trajectory}, {"call_id": call}, {"client_trajectory_id": f"run-{index}"}][
                 index % 3
             ]
@@ -119,7 +119,7 @@ def test_thousand_concurrent_rewards(start_gateway, db):
                 headers={"X-Trajectory-Id": f"late-{index}"},
                 json={"model": "fake-model", "messages": [{"role": "user", "content": "late"}]},
             )
-            late_ids[f"late-{index}"] = response.headers["x-trajectory-id"]
+            late_ids[f"late-{index}"] = response.headers["x-apprentice-trajectory-id"]
     wait_for(
         lambda: count_rows(db, "SELECT count(*) FROM rewards WHERE status = 'pending'") == 0,
         message="late rewards linked",

@@ -22,7 +22,7 @@ def run_agent(clients: list[openai.OpenAI], task: str, turns: int = 3, **extra) 
             model="fake-model", messages=messages, tools=TOOLS if turn == 0 else None, **extra
         )
         completion = raw.parse()
-        trajectory_ids.append(raw.headers["x-trajectory-id"])
+        trajectory_ids.append(raw.headers["x-apprentice-trajectory-id"])
         call_ids.append(raw.headers["x-apprentice-call-id"])
         message = completion.choices[0].message
         messages.append(message.model_dump(exclude_none=True))  # as agents do: the SDK object back
@@ -97,7 +97,7 @@ def test_client_named_trajectory_and_group(start_gateway, db, fake_upstream):
         messages=[{"role": "user", "content": "unrelated words"}],
         metadata={"trajectory_id": name, "keep": marker},
     )
-    assert by_header.headers["x-trajectory-id"] == by_metadata.headers["x-trajectory-id"]
+    assert by_header.headers["x-apprentice-trajectory-id"] == by_metadata.headers["x-apprentice-trajectory-id"]
     # Apprentice's metadata keys are stripped before forwarding; the client's own are kept.
     forwarded = [
         b
@@ -105,7 +105,7 @@ def test_client_named_trajectory_and_group(start_gateway, db, fake_upstream):
         if (b.get("metadata") or {}).get("keep") == marker
     ]
     assert forwarded and forwarded[0]["metadata"] == {"keep": marker}
-    trajectory_id = by_header.headers["x-trajectory-id"]
+    trajectory_id = by_header.headers["x-apprentice-trajectory-id"]
     row = wait_for(
         lambda: (
             db.execute(
@@ -122,7 +122,7 @@ def test_client_named_trajectory_and_group(start_gateway, db, fake_upstream):
         messages=[{"role": "user", "content": "three"}],
         extra_headers={"X-Trajectory-Id": trajectory_id},
     )
-    assert echoed.headers["x-trajectory-id"] == trajectory_id
+    assert echoed.headers["x-apprentice-trajectory-id"] == trajectory_id
 
 
 def test_tenants_do_not_share_trajectories(start_gateway, database_url, db):
@@ -148,7 +148,7 @@ def test_tenants_do_not_share_trajectories(start_gateway, database_url, db):
             messages=[{"role": "user", "content": "same"}],
             extra_headers={"X-Trajectory-Id": "run-1"},
         )
-        ids.append(raw.headers["x-trajectory-id"])
+        ids.append(raw.headers["x-apprentice-trajectory-id"])
     assert ids[0] != ids[1]
     wait_for(lambda: count_rows(db, "SELECT count(*) FROM trajectories") == 2)
     assert {r[0] for r in db.execute("SELECT tenant FROM trajectories").fetchall()} == {"acme", "globex"}
@@ -174,7 +174,7 @@ def test_another_tenants_echoed_id_starts_a_trajectory_of_the_caller(start_gatew
     first = acme.chat.completions.with_raw_response.create(
         model="fake-model", messages=[{"role": "user", "content": "a"}]
     )
-    acme_id = first.headers["x-trajectory-id"]
+    acme_id = first.headers["x-apprentice-trajectory-id"]
     assert uuid.UUID(acme_id).version == 7
 
     def echo(client: openai.OpenAI, trajectory_id: str) -> str:
@@ -183,7 +183,7 @@ def test_another_tenants_echoed_id_starts_a_trajectory_of_the_caller(start_gatew
             messages=[{"role": "user", "content": "b"}],
             extra_headers={"X-Trajectory-Id": trajectory_id},
         )
-        return raw.headers["x-trajectory-id"]
+        return raw.headers["x-apprentice-trajectory-id"]
 
     stolen = echo(globex, acme_id)
     never_issued = str(uuid.UUID(int=uuid.UUID(acme_id).int ^ 1))  # a v7 id nobody was given

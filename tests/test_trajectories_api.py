@@ -15,8 +15,11 @@ def test_targets_trajectory_api_and_listing(start_gateway, db):
     first = chat(gateway, "solve task one", client_id="run-1")
     second = chat(gateway, "solve task two")
     third = chat(gateway, "solve task three")
-    trajectory_1, trajectory_2 = first.headers["x-trajectory-id"], second.headers["x-trajectory-id"]
-    trajectory_3 = third.headers["x-trajectory-id"]
+    trajectory_1, trajectory_2 = (
+        first.headers["x-apprentice-trajectory-id"],
+        second.headers["x-apprentice-trajectory-id"],
+    )
+    trajectory_3 = third.headers["x-apprentice-trajectory-id"]
     shipped(db, 3)
 
     by_client = post(

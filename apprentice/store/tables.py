@@ -95,8 +95,15 @@ calls = Table(
     Column("status_code", Integer, nullable=False),
     Column("error", JSONB),
     Column("stream", Boolean, nullable=False, server_default="false"),
+    # What the upstream was asked and answered: chat completions for every call the gateway
+    # runs through its chat pipeline (translated calls included: what the learner trains on).
     Column("request", JSONB, nullable=False),
     Column("response", JSONB),
+    # The protocol the client spoke: chat.completions, responses or messages; for a call the
+    # gateway translated, the request and answer as the client sent and received them.
+    Column("protocol", Text, nullable=False, server_default="chat.completions"),
+    Column("native_request", JSONB),
+    Column("native_response", JSONB),
     Column("prompt_tokens", Integer),
     Column("completion_tokens", Integer),
     Column("temperature", Double),

@@ -21,7 +21,7 @@ WITH inserted AS (
     INSERT INTO calls (id, response_id, trajectory_id, tenant, api_key_id, model, policy, upstream,
                        upstream_model, adapter_version_id, created_at, latency_ms, ttft_ms, status_code,
                        error, stream, request, response, prompt_tokens, completion_tokens, temperature,
-                       continuation_key, parent_key, stitch_pending)
+                       continuation_key, parent_key, stitch_pending, protocol, native_request, native_response)
     SELECT (r->>'id')::uuid, r->>'response_id', (r->>'trajectory_id')::uuid, r->>'tenant',
            (r->>'api_key_id')::uuid, r->>'model', r->>'policy', r->>'upstream', r->>'upstream_model',
            (r->>'adapter_version_id')::uuid, to_timestamp((r->>'created_at')::float8),
@@ -31,7 +31,9 @@ WITH inserted AS (
            CASE WHEN jsonb_typeof(r->'response') = 'null' THEN NULL ELSE r->'response' END,
            (r->>'prompt_tokens')::int, (r->>'completion_tokens')::int, (r->>'temperature')::float8,
            decode(r->>'continuation_key', 'hex'), decode(r->>'parent_key', 'hex'),
-           coalesce((r->>'stitch_pending')::boolean, false)
+           coalesce((r->>'stitch_pending')::boolean, false), coalesce(r->>'protocol', 'chat.completions'),
+           CASE WHEN jsonb_typeof(r->'native_request') = 'null' THEN NULL ELSE r->'native_request' END,
+           CASE WHEN jsonb_typeof(r->'native_response') = 'null' THEN NULL ELSE r->'native_response' END
     FROM incoming_calls
     ON CONFLICT (id) DO NOTHING
     RETURNING id, trajectory_id, tenant, model, policy, adapter_version_id, created_at

@@ -22,6 +22,7 @@ from gateway.endpoints.chat_completions.assembly import assemble_completion, par
 from gateway.endpoints.chat_completions.policy_tokens import TokenCapture, capture_for, event_stripper, strip_answer
 from gateway.endpoints.chat_completions.request import ChatRequest, parse_chat_request
 from gateway.endpoints.chat_completions.sse import EventRelay
+from gateway.endpoints.chat_completions.wire import CHAT_WIRE, TranslatingWire, Wire
 from gateway.http.asgi import (
     JSON_HEADERS,
     SSE_HEADERS,
@@ -30,7 +31,6 @@ from gateway.http.asgi import (
     Send,
     header,
     read_body,
-    send_error,
     send_response,
 )
 from gateway.http.errors import GatewayError, UpstreamStatusError, error_body
@@ -77,6 +77,8 @@ class CallContext:
         "ttft_ms",
         "target",
         "headers",
+        "wire",
+        "strip_usage",
     )
 
     def __init__(
@@ -87,8 +89,10 @@ class CallContext:
         assignment: TrajectoryAssignment,
         started: float,
         created_at: float,
+        wire: Wire = CHAT_WIRE,
     ) -> None:
         self.call_id: uuid.UUID = new_call_id()
+        self.wire = wire
         self.created_at = created_at
         self.started = started
         self.key = key
@@ -107,10 +111,24 @@ class CallContext:
                 added, capture = capture_for(request.body)
                 self.overrides.update(added)
                 self.capture = capture if capture.active else None
+        # Every streamed call is recorded with its usage: the upstream is asked for it, and the
+        # usage chunk is removed from what a client that did not ask for it sees.
+        self.strip_usage = False
+        if request.stream:
+            options = request.body.get("stream_options")
+            options = options if isinstance(options, dict) else {}
+            if not options.get("include_usage"):
+                self.overrides["stream_options"] = {**options, "include_usage": True}
+                self.strip_usage = not isinstance(wire, TranslatingWire)
         self.ttft_ms: float | None = None
         self.target: UpstreamTarget | None = None
+        internal = str(assignment.trajectory_id).encode()
+        # A client that names its run gets its own name back; the internal id, accepted
+        # everywhere the name is, travels in its own header.
+        named = assignment.client_trajectory_id.encode() if assignment.client_trajectory_id else internal
         self.headers = [
-            (b"x-trajectory-id", str(assignment.trajectory_id).encode()),
+            (b"x-trajectory-id", named),
+            (b"x-apprentice-trajectory-id", internal),
             (b"x-apprentice-call-id", str(self.call_id).encode()),
         ]
 
@@ -120,6 +138,8 @@ class CallContext:
         body = {**self.request.body, "model": self.request.model}
         if self.temperature is not None:
             body["temperature"] = self.temperature
+        if "stream_options" in self.overrides:
+            body["stream_options"] = self.overrides["stream_options"]
         return body
 
     def served_model(self, target: UpstreamTarget) -> str:
@@ -134,7 +154,10 @@ class CallContext:
         request_temperature = self.request.body.get("temperature")
         return {
             "id": str(self.call_id),
-            "response_id": (response or {}).get("id"),
+            "response_id": self.wire.response_id(response),
+            "protocol": self.wire.protocol,
+            "native_request": self.wire.native_request(),
+            "native_response": self.wire.native_response(response) if status == 200 else None,
             "trajectory_id": str(self.assignment.trajectory_id),
             "client_trajectory_id": self.assignment.client_trajectory_id,
             "group_id": self.request.group_id,
@@ -175,22 +198,42 @@ class ChatCompletionsEndpoint:
             key = await self.state.authenticate(scope)
             raw = await read_body(receive, scope, self.limit)
             request = parse_chat_request(raw, header(scope, b"x-trajectory-id"), header(scope, b"x-group-id"))
-            try:
-                plan = self.state.router.plan(request.model)
-            except UnknownModel:
-                raise GatewayError(
-                    404,
-                    f"The model `{request.model}` does not exist or you do not have access "
-                    f"to it. Models served here: {', '.join(self.state.router.model_names)}",
-                    param="model",
-                    code="model_not_found",
-                ) from None
+            plan = self.plan(request.model)
         except GatewayError as error:
             metrics.REQUESTS.labels(ENDPOINT, metrics.status_class(error.status)).inc()
-            await send_error(send, error)
+            await CHAT_WIRE.send_error(send, error, [])
             return
         except ConnectionResetError:
             return
+        await self.serve(key, request, plan, send, started=started, created_at=created_at)
+
+    def plan(self, model: str) -> RoutePlan:
+        """Where a model name goes; an unknown one is a 404 naming the models served here."""
+        try:
+            return self.state.router.plan(model)
+        except UnknownModel:
+            raise GatewayError(
+                404,
+                f"The model `{model}` does not exist or you do not have access "
+                f"to it. Models served here: {', '.join(self.state.router.model_names)}",
+                param="model",
+                code="model_not_found",
+            ) from None
+
+    async def serve(
+        self,
+        key: KeyInfo,
+        request: ChatRequest,
+        plan: RoutePlan,
+        send: Send,
+        *,
+        started: float,
+        created_at: float,
+        wire: Wire = CHAT_WIRE,
+    ) -> None:
+        """Run one parsed chat request (the client's own, or one translated from another
+        protocol, whose `wire` translates the answer back) and record it."""
+        endpoint = wire.protocol
         assignment = assign_trajectory(
             self.state.stitch_index,
             secret=self.state.instance_secret,
@@ -199,7 +242,7 @@ class ChatCompletionsEndpoint:
             messages=request.messages,
             client_trajectory_id=request.client_trajectory_id,
         )
-        call = CallContext(key, request, plan, assignment, started, created_at)
+        call = CallContext(key, request, plan, assignment, started, created_at, wire)
         if plan.policy is not None:
             continued = assignment.continued
             call.version = self.state.versions.choose(
@@ -215,8 +258,8 @@ class ChatCompletionsEndpoint:
             else:
                 status = await self._complete(call, send)
         finally:
-            metrics.REQUESTS.labels(ENDPOINT, metrics.status_class(status)).inc()
-            metrics.LATENCY.labels(ENDPOINT, "true" if request.stream else "false").observe(
+            metrics.REQUESTS.labels(endpoint, metrics.status_class(status)).inc()
+            metrics.LATENCY.labels(endpoint, "true" if request.stream else "false").observe(
                 time.perf_counter() - started
             )
 
@@ -257,7 +300,7 @@ class ChatCompletionsEndpoint:
         """Record the failed call and answer the client with the error (the upstream's own body
         when it answered with an error status)."""
         self._finish(call, error.status, None, self._upstream_error(call, error.status, error.body()))
-        await send_error(send, error, call.headers)
+        await call.wire.send_error(send, error, call.headers)
         return error.status
 
     def _upstream_error(self, call: CallContext, status: int, body: bytes) -> dict[str, Any]:
@@ -289,7 +332,9 @@ class ChatCompletionsEndpoint:
                 GatewayError(502, f"upstream answered with a body that is not JSON: {exc}", code="bad_upstream_body"),
             )
         self._finish(call, 200, response, None)
-        if call.capture is not None:
+        if isinstance(call.wire, TranslatingWire):
+            raw = call.wire.complete(strip_answer(response, call.capture) if call.capture is not None else response)
+        elif call.capture is not None:
             raw = orjson.dumps(strip_answer(response, call.capture))
         await send_response(send, 200, raw, [*JSON_HEADERS, *call.headers])
         return 200
@@ -311,7 +356,10 @@ class ChatCompletionsEndpoint:
         received: list[bytes] = []
         stream_error: dict[str, Any] | None = None
         # Whole events only; the final `[DONE]` is held back until the call is journaled.
-        relay = EventRelay(event_stripper(call.capture) if call.capture is not None else None)
+        relay = EventRelay(event_stripper(call.capture, strip_usage=call.strip_usage))
+        translating = call.wire if isinstance(call.wire, TranslatingWire) else None
+        if translating is not None:
+            await send({"type": "http.response.body", "body": translating.stream_start(), "more_body": True})
         try:
             async for chunk in chunks:
                 if call.ttft_ms is None:
@@ -319,6 +367,8 @@ class ChatCompletionsEndpoint:
                     metrics.TTFT.observe(call.ttft_ms / 1000.0)
                 received.append(chunk)
                 ready = relay.feed(chunk)
+                if ready and translating is not None:
+                    ready = translating.stream_chunks(parse_sse_events(ready))
                 if ready:
                     await send({"type": "http.response.body", "body": ready, "more_body": True})
             rest = relay.finish()
@@ -339,5 +389,8 @@ class ChatCompletionsEndpoint:
             )
         response = assemble_completion(parse_sse_events(b"".join(received)))
         self._finish(call, 200, response, stream_error)
+        if translating is not None:
+            tail = translating.stream_chunks(parse_sse_events(rest)) if stream_error is None else b""
+            rest = tail + translating.stream_end(response, stream_error)
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return 200

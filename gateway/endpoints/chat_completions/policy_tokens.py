@@ -7,6 +7,7 @@ whatever the client did not ask for, so the client sees what it would have seen 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,15 +61,45 @@ def strip_answer(answer: dict[str, Any], capture: TokenCapture) -> dict[str, Any
     return stripped
 
 
-def event_stripper(capture: TokenCapture) -> Callable[[bytes], bytes]:
-    """A rewrite for sse.EventRelay: a stream event without the fields the client did not ask for."""
+# `"usage": null` as upstreams write it into every chunk once the stream's usage is asked for.
+_NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,?')
+
+
+def _without_usage(payload: bytes) -> bytes | None:
+    """A chunk without the usage the client did not ask for: None for the usage-only chunk."""
+    if b'"usage"' not in payload:
+        return payload
+    payload = _NULL_USAGE.sub(b"", payload)
+    if b'"usage"' not in payload:
+        return payload
+    chunk = orjson.loads(payload)
+    if isinstance(chunk, dict):
+        if not chunk.get("choices"):
+            return None
+        chunk.pop("usage", None)
+    return orjson.dumps(chunk)
+
+
+def event_stripper(capture: TokenCapture | None, *, strip_usage: bool = False) -> Callable[[bytes], bytes] | None:
+    """A rewrite for sse.EventRelay: a stream event without the fields the client did not ask
+    for (token ids and logprobs added for a policy; the usage the gateway asked for). None when
+    nothing is to be stripped: the events pass untouched."""
+    if capture is None and not strip_usage:
+        return None
 
     def strip_event(event: bytes) -> bytes:
         if event.startswith(b"data:"):
             payload = event[5:].lstrip(b" ")
             if payload.startswith(b"{"):
                 try:
-                    return b"data: " + orjson.dumps(strip_answer(orjson.loads(payload), capture))
+                    if strip_usage:
+                        stripped = _without_usage(payload)
+                        if stripped is None:
+                            return b""
+                        payload = stripped
+                    if capture is not None:
+                        payload = orjson.dumps(strip_answer(orjson.loads(payload), capture))
+                    return b"data: " + payload
                 except orjson.JSONDecodeError:
                     pass
         return event

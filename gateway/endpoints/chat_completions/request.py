@@ -32,6 +32,19 @@ class ChatRequest:
     def messages(self) -> list[Any]:
         return self.body["messages"]
 
+    @classmethod
+    def translated(cls, body: dict[str, Any], client_trajectory_id: str | None, group_id: str | None) -> ChatRequest:
+        """A chat request built by the gateway from another protocol's request."""
+        return cls(
+            body=body,
+            raw=orjson.dumps(body),
+            modified=False,
+            model=body["model"],
+            stream=bool(body.get("stream")),
+            client_trajectory_id=client_trajectory_id,
+            group_id=group_id,
+        )
+
     def forward_bytes(self, overrides: dict[str, Any]) -> bytes:
         """The body for an upstream: the client's own bytes unless something must change."""
         changed = {k: v for k, v in overrides.items() if self.body.get(k, _ABSENT) != v}

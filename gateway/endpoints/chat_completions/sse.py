@@ -11,8 +11,8 @@ CRLF, LF and CR (sse-starlette, for one, writes CRLF). So an event ends at the f
 
 Invariants:
 - `feed` returns only whole events, each with its original terminator, in order;
-- nothing is dropped: `feed` outputs + `finish()` == the input bytes (events rewritten by
-  the `rewrite` hook aside);
+- nothing is dropped: `feed` outputs + `finish()` == the input bytes (events rewritten, or
+  dropped when it returns nothing, by the `rewrite` hook aside);
 - the `[DONE]` event and everything after it come out of `finish()` alone.
 """
 
@@ -73,4 +73,7 @@ class EventRelay:
     def _emit(self, event: bytes, terminator: bytes) -> bytes:
         if self._rewrite is None or not event:
             return event + terminator
-        return self._rewrite(event) + (terminator or b"\n\n")
+        rewritten = self._rewrite(event)
+        if not rewritten:  # the rewrite dropped the event (e.g. a usage chunk nobody asked for)
+            return b""
+        return rewritten + (terminator or b"\n\n")

@@ -156,16 +156,10 @@ def _idempotency_key(reward: RewardIn, index: int, intake: Intake) -> str | None
 def _target(reward: RewardIn, index: int, intake: Intake) -> tuple[str, str, uuid.UUID | None]:
     """(target kind, the id as sent, the trajectory it names when the request alone tells)."""
     if reward.trajectory_id is not None:
-        try:
-            return "trajectory", reward.trajectory_id, uuid.UUID(reward.trajectory_id)
-        except ValueError:
-            name = intake.field(index, "trajectory_id")
-            raise GatewayError(
-                400,
-                f"{name}: not a trajectory id issued by the gateway; send your own ids as client_trajectory_id",
-                param=name,
-                code="invalid_value",
-            ) from None
+        # The id the X-Trajectory-Id header answered: the gateway's own, or the client's name
+        # for its run (echoed back as it was sent); the tenant-keyed derivation resolves both.
+        trajectory = trajectory_id_for_client(intake.instance_secret, intake.sender.tenant, reward.trajectory_id)
+        return "trajectory", reward.trajectory_id, trajectory
     if reward.client_trajectory_id is not None:
         trajectory = trajectory_id_for_client(intake.instance_secret, intake.sender.tenant, reward.client_trajectory_id)
         return "trajectory", reward.client_trajectory_id, trajectory
