@@ -22,6 +22,8 @@ ENV_REFERENCE_PREFIX = "os.environ/"
 # forwarded byte for byte instead of going through litellm (about 4.5 ms of CPU a call).
 OPENAI_COMPATIBLE_PROVIDERS = {"openai", "hosted_vllm", "vllm", "openai_compatible", "apprentice"}
 OPENAI_DEFAULT_API_BASE = "https://api.openai.com/v1"
+ANTHROPIC_DEFAULT_API_BASE = "https://api.anthropic.com/v1"
+NATIVE_PROTOCOLS_BY_PROVIDER = {"openai": frozenset({"responses"}), "anthropic": frozenset({"messages"})}
 
 
 class ConfigError(ValueError):
@@ -81,6 +83,11 @@ class ModelEntry(BaseModel):
     model_info: dict[str, Any] = Field(default_factory=dict)
     # Apprentice-only: "auto" forwards OpenAI-compatible upstreams directly, "litellm" forces litellm.
     forward: Literal["auto", "direct", "litellm"] = "auto"
+    # Apprentice-only: the protocols besides chat completions the upstream itself speaks, whose
+    # calls are forwarded to it byte for byte ("responses": OpenAI's /v1/responses, "messages":
+    # Anthropic's /v1/messages); others are translated to chat completions. None: by provider
+    # (openai/: responses; anthropic/: messages).
+    protocols: list[Literal["responses", "messages"]] | None = None
 
     @property
     def is_direct(self) -> bool:
@@ -94,6 +101,19 @@ class ModelEntry(BaseModel):
     def api_base(self) -> str:
         base = self.litellm_params.api_base or OPENAI_DEFAULT_API_BASE
         return base.rstrip("/")
+
+    @property
+    def native_api_base(self) -> str:
+        """Where the provider's own protocols are served (Anthropic's API for anthropic/)."""
+        if self.litellm_params.api_base:
+            return self.litellm_params.api_base.rstrip("/")
+        return ANTHROPIC_DEFAULT_API_BASE if self.litellm_params.provider == "anthropic" else OPENAI_DEFAULT_API_BASE
+
+    @property
+    def native_protocols(self) -> frozenset[str]:
+        if self.protocols is not None:
+            return frozenset(self.protocols)
+        return NATIVE_PROTOCOLS_BY_PROVIDER.get(self.litellm_params.provider, frozenset())
 
 
 class PromotionSettings(BaseModel):

@@ -25,7 +25,10 @@ from gateway.endpoints import operations
 from gateway.endpoints.admin import judging as admin_judging
 from gateway.endpoints.admin import routes as admin_routes
 from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
+from gateway.endpoints.messages.handler import MessagesEndpoint
 from gateway.endpoints.passthrough import PassthroughEndpoint
+from gateway.endpoints.responses import routes as responses_routes
+from gateway.endpoints.responses.handler import ResponsesEndpoint
 from gateway.endpoints.rewards import routes as rewards_routes
 from gateway.endpoints.trajectories import routes as trajectories_routes
 from gateway.http.asgi import Receive, Scope, Send, header
@@ -35,6 +38,9 @@ from gateway.state import GatewayState
 log = logging.getLogger(__name__)
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
+MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
+COUNT_TOKENS_PATHS = frozenset({"/v1/messages/count_tokens", "/messages/count_tokens"})
 
 
 def _error_response(error: GatewayError) -> Response:
@@ -62,6 +68,7 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
     app.include_router(operations.router)
     app.include_router(rewards_routes.router)
     app.include_router(trajectories_routes.router)
+    app.include_router(responses_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(admin_judging.router)
 
@@ -124,6 +131,8 @@ class GatewayApp:
         self.state = GatewayState(settings, database_url)
         self.fastapi = build_fastapi(self.state, check_schema_on_start=check_schema_on_start)
         self.chat = ChatCompletionsEndpoint(self.state)
+        self.responses = ResponsesEndpoint(self.state, self.chat)
+        self.messages = MessagesEndpoint(self.state, self.chat)
         self.passthrough = PassthroughEndpoint(self.state)
 
     def _fastapi_handles(self, scope: Scope) -> bool:
@@ -134,6 +143,15 @@ class GatewayApp:
             path = scope["path"]
             if path in CHAT_PATHS and scope["method"] == "POST":
                 await self.chat(scope, receive, send)
+                return
+            if path in RESPONSES_PATHS and scope["method"] == "POST":
+                await self.responses(scope, receive, send)
+                return
+            if path in MESSAGES_PATHS and scope["method"] == "POST":
+                await self.messages(scope, receive, send)
+                return
+            if path in COUNT_TOKENS_PATHS and scope["method"] == "POST":
+                await self.messages.count_tokens(scope, receive, send)
                 return
             if path.startswith("/v1/") and not self._fastapi_handles(scope):
                 await self.passthrough(scope, receive, send)

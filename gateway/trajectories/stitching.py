@@ -127,6 +127,18 @@ def _content_form(content: Any) -> Any:
     return content
 
 
+def _arguments_form(arguments: Any) -> Any:
+    """Tool call arguments as their JSON value: a client that parses and re-serialises them
+    (Anthropic's `tool_use.input`, the Responses API's items through an SDK) changes the
+    spacing, not the call."""
+    if isinstance(arguments, str):
+        try:
+            return orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments
+    return arguments
+
+
 def message_digest(message: Any) -> bytes:
     if not isinstance(message, dict):
         return hashlib.blake2b(orjson.dumps(message), digest_size=KEY_BYTES).digest()
@@ -138,7 +150,7 @@ def message_digest(message: Any) -> bytes:
                 [
                     call.get("id"),
                     (call.get("function") or {}).get("name"),
-                    (call.get("function") or {}).get("arguments"),
+                    _arguments_form((call.get("function") or {}).get("arguments")),
                 ]
                 for call in tool_calls
                 if isinstance(call, dict)

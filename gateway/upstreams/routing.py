@@ -27,8 +27,16 @@ class UpstreamTarget:
     timeout: float
     litellm_model: str | None = None
     litellm_params: dict[str, Any] = field(default_factory=dict)
+    # Protocols besides chat completions the upstream speaks itself (forwarded byte for byte),
+    # at native_api_base (e.g. https://api.anthropic.com/v1 for Anthropic's Messages).
+    protocols: frozenset[str] = frozenset()
+    native_api_base: str = ""
+    # Set on a copy of the target made to forward a native protocol: its headers exactly.
+    native_headers: dict[str, str] | None = None
 
     def headers(self) -> dict[str, str]:
+        if self.native_headers is not None:
+            return self.native_headers
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -58,6 +66,8 @@ def _target_from_entry(entry: ModelEntry, default_timeout: float) -> UpstreamTar
         timeout=params.timeout or default_timeout,
         litellm_model=params.model,
         litellm_params={k: v for k, v in params.extra_params.items()},
+        protocols=entry.native_protocols,
+        native_api_base=entry.native_api_base,
     )
 
 

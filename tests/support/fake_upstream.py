@@ -14,6 +14,7 @@ the request, so tests can check that the gateway forwards and records them faith
   between writes, and `split_done_ms`: the final `data: [DONE]` written in two parts that
   far apart.
 - `model` "judge-..." answers as an LLM judge would (tests/support/fake_judge.py).
+- `/v1/responses` and `/v1/messages` answer natively (tests/support/fake_native.py).
 - `GET /_requests` returns the bodies received (newest last); `DELETE /_requests` clears them.
 
 Run it alone with `python -m tests.support.fake_upstream --port 9100`.
@@ -30,6 +31,7 @@ import orjson
 from aiohttp import web
 
 from tests.support.fake_judge import judge_content
+from tests.support.fake_native import FakeNative
 
 DEFAULT_CHUNKS = 20
 ANSWER_WORDS = 20
@@ -87,9 +89,11 @@ class FakeUpstream:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.counter = 0
+        self.native = FakeNative()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.native.routes(app)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/v1/models", self.models)

@@ -267,6 +267,8 @@ class ChatCompletionsEndpoint:
     def _finish(self, call: CallContext, status: int, response: dict[str, Any] | None, error: Any) -> None:
         record, keys = call.record(status, response, error)
         self.state.record(record)
+        if status == 200:
+            call.wire.recorded(response)
         trajectory = OpenTrajectory(call.assignment.trajectory_id, call.version.id if call.version else None)
         for key in keys:
             self.state.stitch_index.register(key, trajectory)

@@ -39,6 +39,9 @@ class Wire:
     def native_response(self, response: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
 
+    def recorded(self, response: dict[str, Any] | None) -> None:
+        """Called once the call is journaled (e.g. to remember a conversation for the next call)."""
+
 
 class TranslatingWire(Wire, ABC):
     """A protocol whose answers are translated from chat completions (see the module docstring)."""

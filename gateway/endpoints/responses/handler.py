@@ -1,0 +1,199 @@
+"""POST /v1/responses: the OpenAI Responses API, recorded like chat completions.
+
+Two ways through, chosen by where the model goes:
+- an upstream that speaks the Responses API itself (`openai/` deployments, or any with
+  `protocols: [responses]`) gets the client's bytes as they are (gateway/endpoints/native.py);
+- a policy (our own endpoints speak chat completions only) or any other deployment gets the
+  call translated to chat completions, run through the chat pipeline (recorded with exact token
+  ids: what the learner trains on), and answered back as a Responses object or event stream
+  (translate.py, stream.py, wire.py). `previous_response_id` is expanded to the conversation
+  it names (history.py), so the call also continues that response's trajectory.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from gateway import metrics
+from gateway.auth.keys import KeyInfo
+from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
+from gateway.endpoints.chat_completions.request import ChatRequest
+from gateway.endpoints.native import (
+    NativeCall,
+    NativeProtocol,
+    chain_keys,
+    forward,
+    response_chain_key,
+)
+from gateway.endpoints.responses.history import ResponseHistory
+from gateway.endpoints.responses.translate import to_chat_request
+from gateway.endpoints.responses.wire import ResponsesWire
+from gateway.http.asgi import Receive, Scope, Send, header, read_body, send_error
+from gateway.http.errors import GatewayError
+from gateway.state import GatewayState
+from gateway.trajectories.stitching import MessageKeys, uuid7
+from gateway.upstreams.direct import attempt_order
+from gateway.upstreams.routing import RoutePlan, UpstreamTarget
+
+PROTOCOL = "responses"
+PASSED_HEADERS = ("openai-organization", "openai-project", "openai-beta")
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request object with a model name, or a 400 in OpenAI's error format."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError(
+            400,
+            f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object.",
+            code="invalid_json",
+        ) from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise GatewayError(
+            400,
+            "you must provide a model parameter (a non-empty string)",
+            param="model",
+            code="missing_required_parameter" if model is None else "invalid_type",
+        )
+    return body
+
+
+class ResponsesNative(NativeProtocol):
+    name = PROTOCOL
+    path = "/responses"
+
+    def headers(self, target: UpstreamTarget, client_headers: dict[str, str]) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        headers.update({k: v for k, v in client_headers.items() if k in PASSED_HEADERS})
+        if target.api_key:
+            headers["Authorization"] = f"Bearer {target.api_key}"
+        return headers
+
+    def answer_from_events(self, events: list[dict[str, Any]]) -> dict[str, Any] | None:
+        for event in reversed(events):
+            if event.get("type") in ("response.completed", "response.incomplete", "response.failed"):
+                response = event.get("response")
+                return response if isinstance(response, dict) else None
+        return None
+
+    def usage(self, answer: dict[str, Any]) -> tuple[int | None, int | None]:
+        usage = answer.get("usage") or {}
+        return usage.get("input_tokens"), usage.get("output_tokens")
+
+    def keys(self, tenant: str, model: str, body: dict[str, Any]) -> MessageKeys:
+        previous = body.get("previous_response_id")
+        return chain_keys(tenant, model, previous if isinstance(previous, str) else None)
+
+    def continuation(self, keys: MessageKeys, tenant: str, answer: dict[str, Any]) -> list[bytes]:
+        return [response_chain_key(tenant, answer["id"])] if isinstance(answer.get("id"), str) else []
+
+    async def send_error(self, send: Send, error: GatewayError, headers: list[tuple[bytes, bytes]]) -> None:
+        await send_error(send, error, headers)
+
+
+NATIVE = ResponsesNative()
+
+
+def speaks_responses(plan: RoutePlan) -> bool:
+    return plan.policy is None and bool(plan.targets) and PROTOCOL in plan.targets[0].protocols
+
+
+class ResponsesEndpoint:
+    def __init__(self, state: GatewayState, chat: ChatCompletionsEndpoint) -> None:
+        self.state = state
+        self.chat = chat
+        self.history = ResponseHistory(state.engine)
+        self.limit = state.settings.limits.max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        created_at = time.time()
+        try:
+            key = await self.state.authenticate(scope)
+            raw = await read_body(receive, scope, self.limit)
+            body = parse_body(raw)
+            plan = self.chat.plan(body["model"])
+            trajectory = header(scope, b"x-trajectory-id")
+            group = header(scope, b"x-group-id")
+            if speaks_responses(plan):
+                await self._forward(scope, key, body, raw, plan, send, started, created_at, trajectory, group)
+                return
+            request, wire = await self._translate(key, body, created_at, trajectory, group)
+        except GatewayError as error:
+            metrics.REQUESTS.labels(PROTOCOL, metrics.status_class(error.status)).inc()
+            await send_error(send, error)
+            return
+        except ConnectionResetError:
+            return
+        await self.chat.serve(key, request, plan, send, started=started, created_at=created_at, wire=wire)
+
+    async def _translate(
+        self, key: KeyInfo, body: dict[str, Any], created_at: float, trajectory: str | None, group: str | None
+    ) -> tuple[ChatRequest, ResponsesWire]:
+        previous = None
+        previous_id = body.get("previous_response_id")
+        if previous_id is not None:
+            if not isinstance(previous_id, str) or not previous_id:
+                raise GatewayError(400, "previous_response_id must be a non-empty string", param="previous_response_id")
+            previous = await self.history.conversation(key.tenant, previous_id)
+            if previous is None:
+                raise GatewayError(
+                    400,
+                    f"Previous response with id '{previous_id}' not found.",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+        chat_body = to_chat_request(body, previous)
+        chat_body["model"] = body["model"]
+        wire = ResponsesWire(
+            body,
+            chat_body,
+            response_id=f"resp_{uuid7().hex}",
+            created_at=created_at,
+            tenant=key.tenant,
+            history=self.history,
+        )
+        return ChatRequest.translated(chat_body, trajectory, group), wire
+
+    async def _forward(
+        self,
+        scope: Scope,
+        key: KeyInfo,
+        body: dict[str, Any],
+        raw: bytes,
+        plan: RoutePlan,
+        send: Send,
+        started: float,
+        created_at: float,
+        trajectory: str | None,
+        group: str | None,
+    ) -> None:
+        call = NativeCall(
+            self.state,
+            NATIVE,
+            key,
+            body,
+            model=body["model"],
+            client_trajectory_id=trajectory,
+            group_id=group,
+            started=started,
+            created_at=created_at,
+        )
+        order = attempt_order(plan.targets, plan.primary_count, self.state.settings.router_settings.num_retries)
+        targets = [t for t in order if PROTOCOL in t.protocols]
+        client_headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        status = 500
+        try:
+            status = await forward(self.state, NATIVE, call, targets, raw, client_headers, send)
+        finally:
+            metrics.REQUESTS.labels(PROTOCOL, metrics.status_class(status)).inc()
+            metrics.LATENCY.labels(PROTOCOL, "true" if body.get("stream") else "false").observe(
+                time.perf_counter() - started
+            )
