@@ -45,6 +45,12 @@ class Endpoint:
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
     stream: bool = False
+    # What the last bytes of a whole stream hold (chat completions' `[DONE]`; the Responses API
+    # ends with `response.completed`, Anthropic's Messages with `message_stop`).
+    end_marker: bytes = b"[DONE]"
+    # How many of the last bytes are kept to look for it (the Responses API's last event holds
+    # the whole response, so its marker sits further from the end).
+    tail_bytes: int = 64
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -171,14 +177,14 @@ class Connection:
                     raise LoadError("answer too large")
                 if keep_body:
                     body += data[:-2]
-                tail = (tail + data[:-2])[-64:]
+                tail = (tail + data[:-2])[-self.endpoint.tail_bytes :]
         elif length >= 0:
             if length > MAX_BODY_BYTES:
                 raise LoadError("answer too large")
             data = await reader.readexactly(length) if length else b""
             ttfb = time.perf_counter() - start
             body += data if keep_body else b""
-            tail = data[-64:]
+            tail = (tail + data)[-self.endpoint.tail_bytes :]
         else:  # no length: the body ends when the server closes the connection
             data = await reader.read(MAX_BODY_BYTES)
             ttfb = time.perf_counter() - start
@@ -188,12 +194,12 @@ class Connection:
                     break
                 data += more
             body += data if keep_body else b""
-            tail = data[-64:]
+            tail = (tail + data)[-self.endpoint.tail_bytes :]
             close = True
         total = time.perf_counter() - start
         if close:
             self.close()
-        ok = status == 200 and (not self.endpoint.stream or b"[DONE]" in tail)
+        ok = status == 200 and (not self.endpoint.stream or self.endpoint.end_marker in tail)
         return Sample(
             start=start, ttfb=ttfb, total=total, status=status, ok=ok, body_tail=bytes(body) if keep_body else tail
         )
