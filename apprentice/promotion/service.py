@@ -35,6 +35,7 @@ significantly worse lineage is still rejected.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import uuid
@@ -424,8 +425,10 @@ async def evaluate_canary(
         "min_samples": promotion.min_samples,
         "reward_range": policy.reward_range,
     }
-    comparison = ev.compare(found.lineage, found.incumbent, **options)
-    newest = ev.compare(found.newest, found.incumbent_since_newest, **options)
+    # Off the event loop: a bootstrap over large arms takes seconds of pure Python, and the
+    # admin API calls this when a version is opened.
+    comparison = await asyncio.to_thread(ev.compare, found.lineage, found.incumbent, **options)
+    newest = await asyncio.to_thread(ev.compare, found.newest, found.incumbent_since_newest, **options)
     elapsed = (now - since).total_seconds()
     decision = ev.decide_lineage(
         comparison, newest, mode=promotion.mode, elapsed_s=elapsed, timeout_s=promotion.timeout_s
