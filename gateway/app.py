@@ -34,6 +34,7 @@ from gateway.endpoints.trajectories import routes as trajectories_routes
 from gateway.http.asgi import Receive, Scope, Send, header
 from gateway.http.errors import ERROR_TYPES, GatewayError, error_body
 from gateway.state import GatewayState
+from gateway.ui import routes as ui_routes
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
     app.include_router(responses_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(admin_judging.router)
+    app.include_router(ui_routes.router)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_: Request, error: GatewayError) -> Response:

@@ -73,6 +73,7 @@ trajectories = Table(
     ),
     Index("ix_trajectories_group", "group_id", postgresql_where=text("group_id IS NOT NULL")),
     Index("ix_trajectories_merged_into", "merged_into", postgresql_where=text("merged_into IS NOT NULL")),
+    Index("ix_trajectories_last_call", "last_call_at", "id"),
 )
 
 calls = Table(
@@ -193,6 +194,7 @@ rewards = Table(
     ),
     Index("ix_rewards_pending", "received_at", postgresql_where=text("status = 'pending'")),
     Index("ix_rewards_judgement", "judgement_id", postgresql_where=text("judgement_id IS NOT NULL")),
+    Index("ix_rewards_received", "received_at"),
     Index(
         "uq_rewards_idempotency",
         "tenant",
@@ -282,6 +284,7 @@ adapter_transitions = Table(
     Column("actor", Text, nullable=False),  # the admin key's name, or "auto"
     Column("reason", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_adapter_transitions_policy", "policy", "id"),
 )
 
 policy_state = Table(

@@ -1,0 +1,1 @@
+"""The web dashboard, served by the gateway under /ui (docs/dashboard.md)."""
