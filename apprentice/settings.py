@@ -449,6 +449,53 @@ class LocalModelServerSettings(BaseModel):
         return f"http://{self.host}:{self.port}/v1"
 
 
+class TracingSettings(BaseModel):
+    """OpenTelemetry traces of the gateway's calls and rewards (docs/tracing.md).
+
+    Present: each call journaled by the gateway becomes a span (GenAI semantic conventions)
+    exported over OTLP/HTTP (protobuf) off the hot path, through a bounded queue that drops (and
+    counts, `apprentice_tracing_dropped_total`) rather than slow a call. Needs the `tracing` extra
+    (`pip install 'apprentice[tracing]'`); without this section the gateway never imports it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The collector's OTLP/HTTP base URL (http://collector:4318; /v1/traces is appended) or its
+    # full traces URL (ending in /v1/traces). None: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (as is),
+    # else $OTEL_EXPORTER_OTLP_ENDPOINT (+ /v1/traces), else an error at start.
+    otlp_endpoint: str | None = None
+    # Sent with every export (e.g. an API key of a hosted backend); values may be
+    # "os.environ/NAME", read at start and never logged. Empty: $OTEL_EXPORTER_OTLP_HEADERS applies.
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    service_name: str = "apprentice-gateway"
+    # Calls and rewards waiting for export; past it new ones are dropped (and counted).
+    queue_size: int = Field(default=10_000, ge=1)
+    # Spans per export request; a full batch is sent at once, a partial one every interval.
+    batch_size: int = Field(default=512, ge=1)
+    export_interval_s: float = Field(default=1.0, gt=0)
+    # One export request, its retries included (the exporter retries transient failures).
+    export_timeout_s: float = Field(default=10.0, gt=0)
+    # At shutdown, what is still queued is exported for at most this long.
+    shutdown_timeout_s: float = Field(default=5.0, ge=0)
+    # Export the messages and answers too (as the GenAI conventions' inference-details event).
+    # Off by default: prompts and answers often hold personal data.
+    include_content: bool = False
+
+    def traces_endpoint(self) -> str:
+        """The URL spans are posted to, from the setting or the standard OTEL_* variables."""
+        if self.otlp_endpoint:
+            base = self.otlp_endpoint.rstrip("/")
+            return base if base.endswith("/v1/traces") else base + "/v1/traces"
+        if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+            return os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            return os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
+        raise ConfigError(
+            "tracing: no OTLP endpoint: set tracing.otlp_endpoint (e.g. http://collector:4318) or "
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="APPRENTICE_", env_nested_delimiter="__", extra="ignore")
 
@@ -475,6 +522,8 @@ class Settings(BaseSettings):
     # model_name of the deployment that receives endpoints other than chat completions
     # (embeddings, moderations, ...); defaults to the first entry of model_list.
     default_upstream: str | None = None
+    # OpenTelemetry traces of calls and rewards (docs/tracing.md); None: no tracing.
+    tracing: TracingSettings | None = None
 
     @classmethod
     def settings_customise_sources(

@@ -31,6 +31,16 @@ SHIPPED = Counter("apprentice_shipped_calls_total", "Calls shipped from the jour
 SHIP_FAILURES = Counter("apprentice_ship_failures_total", "Failed attempts to ship a journal batch")
 JOURNALED = Counter("apprentice_journaled_calls_total", "Calls written to the local journal")
 
+# OpenTelemetry traces (gateway/tracing): spans of calls and rewards, counted as they leave the queue.
+TRACING_EXPORTED = Counter("apprentice_tracing_exported_total", "Spans accepted by the OTLP collector")
+TRACING_FAILED = Counter(
+    "apprentice_tracing_failed_total", "Spans in export requests the OTLP collector did not accept (not retried)"
+)
+TRACING_DROPPED = Counter(
+    "apprentice_tracing_dropped_total",
+    "Spans dropped before export: the tracing queue was full, or still held at shutdown",
+)
+
 # Background workers (gateway/workers.py). The last success is a timestamp, not "seconds since":
 # in multiprocess mode a value is only what a process last wrote, so an age would freeze when
 # the worker stops succeeding; `time() - apprentice_worker_last_success_timestamp_seconds` stays

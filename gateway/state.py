@@ -28,6 +28,7 @@ from gateway.policies.notifications import AdapterNotifications
 from gateway.policies.versions import PolicyVersions, sticky_graces
 from gateway.rewards.linker import RewardLinker
 from gateway.store.calls import insert_call_lines, stitch_pending
+from gateway.tracing.exporter import make_tracer
 from gateway.trajectories.stitching import StitchIndex
 from gateway.upstreams.direct import make_session
 from gateway.upstreams.routing import Router
@@ -93,6 +94,10 @@ class GatewayState:
         ]
         if self.judge.enabled:
             self.workers.append(self.judge.worker)
+        # OpenTelemetry spans of calls and rewards (docs/tracing.md); None: not configured.
+        self.tracer = make_tracer(settings)
+        if self.tracer is not None:
+            self.workers.append(self.tracer.worker)
 
     async def start(self) -> None:
         self.instance_secret = await instance_secret(self.engine, TRAJECTORY_ID_SECRET)
@@ -105,6 +110,8 @@ class GatewayState:
         self.stitcher.start()
         self.reward_linker.start()
         self.judge.start()
+        if self.tracer is not None:
+            self.tracer.start()
 
     async def stop(self) -> None:
         """Graceful: in-flight calls are done (the server waited); ship what is left."""
@@ -116,6 +123,7 @@ class GatewayState:
             self.shipper.stop,
             self.reward_linker.stop,
             self.stitcher.stop,
+            *([self.tracer.stop] if self.tracer is not None else []),
         ):
             log.info("shutdown: %s", step.__qualname__)
             await step()
@@ -131,6 +139,8 @@ class GatewayState:
         self.journal.append(record)
         metrics.JOURNALED.inc()
         self.shipper.note_record()
+        if self.tracer is not None:
+            self.tracer.offer(record)
 
     async def _ship(self, lines: list[bytes]) -> int:
         try:

@@ -144,6 +144,8 @@ async def post_rewards(request: Request) -> Response:
     stored, replayed = await _ingest(state, items, policy_check(_rules(request), rewards, intake), sender.signature)
     if any(reward.status == "pending" for reward in stored):
         state.reward_linker.wake()
+    if state.tracer is not None and not replayed:  # a replay's spans went out the first time
+        state.tracer.offer_rewards(items, stored)
     answer = RewardListOut(data=[reward_out(reward) for reward in stored]) if batch else reward_out(stored[0])
     return model_response(answer, headers={REPLAYED_HEADER: "true"} if replayed else None)
 
