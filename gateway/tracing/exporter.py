@@ -120,6 +120,10 @@ class CallTracer:
         loop = asyncio.get_running_loop()
         try:
             ok = await loop.run_in_executor(self._executor, self.export.export, batch)
+        except asyncio.CancelledError:
+            # Stopped while waiting (shutdown's time ran out): the thread may still send them.
+            metrics.TRACING_DROPPED.inc(count)
+            raise
         except Exception as exc:
             metrics.TRACING_FAILED.inc(count)
             raise ExportFailed(f"{count} spans not exported: {type(exc).__name__}: {exc}") from exc
