@@ -31,7 +31,7 @@ from gateway.endpoints.responses import routes as responses_routes
 from gateway.endpoints.responses.handler import ResponsesEndpoint
 from gateway.endpoints.rewards import routes as rewards_routes
 from gateway.endpoints.trajectories import routes as trajectories_routes
-from gateway.http.asgi import Receive, Scope, Send, header
+from gateway.http.asgi import Receive, Scope, Send, limited_receive
 from gateway.http.errors import ERROR_TYPES, GatewayError, error_body
 from gateway.state import GatewayState
 from gateway.ui import routes as ui_routes
@@ -100,32 +100,6 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
     return app
 
 
-def limit_body(scope: Scope, receive: Receive, limit: int) -> Receive:
-    """A receive that refuses bodies over the limit, chunked ones included, with a 413 that
-    the FastAPI app turns into OpenAI's error format."""
-    declared = header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        too_large = GatewayError(
-            413, f"request body is {declared} bytes; the limit is {limit} bytes", code="request_too_large"
-        )
-
-        async def refuse() -> dict:
-            raise too_large
-
-        return refuse
-    received = 0
-
-    async def counting() -> dict:
-        nonlocal received
-        message = await receive()
-        received += len(message.get("body", b""))
-        if received > limit:
-            raise GatewayError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
-        return message
-
-    return counting
-
-
 class GatewayApp:
     """The outer ASGI callable: hot paths first, then FastAPI, then passthrough for /v1/*."""
 
@@ -158,7 +132,7 @@ class GatewayApp:
             if path.startswith("/v1/") and not self._fastapi_handles(scope):
                 await self.passthrough(scope, receive, send)
                 return
-            receive = limit_body(scope, receive, self.state.settings.limits.max_body_bytes)
+            receive = limited_receive(scope, receive, self.state.settings.limits.max_body_bytes)
         await self.fastapi(scope, receive, send)
 
 

@@ -29,24 +29,45 @@ def header(scope: Mapping[str, Any], name: bytes) -> str | None:
     return None
 
 
-async def read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
-    """The whole request body, refusing more than `limit` bytes without reading it all."""
+def body_too_large(limit: int, declared: str | None = None) -> GatewayError:
+    """The gateway's one answer to an oversized body, whichever endpoint reads it."""
+    size = f"request body is {declared} bytes" if declared else "request body exceeds the limit"
+    return GatewayError(413, f"{size}; the limit is {limit} bytes", code="request_too_large")
+
+
+def refuse_declared_length(scope: Scope, limit: int) -> None:
+    """Refuse before reading when the client declares a length over the limit."""
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(
-            413, f"request body is {declared} bytes; the limit is {limit} bytes", code="request_too_large"
-        )
-    chunks: list[bytes] = []
-    size = 0
-    while True:
+        raise body_too_large(limit, declared)
+
+
+def limited_receive(scope: Scope, receive: Receive, limit: int) -> Receive:
+    """A receive that refuses bodies over the limit, chunked ones included (for the FastAPI
+    app, whose error handler turns the 413 into OpenAI's error format)."""
+    received = 0
+
+    async def counting() -> dict[str, Any]:
+        nonlocal received
+        refuse_declared_length(scope, limit)
         message = await receive()
+        received += len(message.get("body", b""))
+        if received > limit:
+            raise body_too_large(limit)
+        return message
+
+    return counting
+
+
+async def read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
+    """The whole request body, refusing more than `limit` bytes without reading it all."""
+    chunks: list[bytes] = []
+    next_message = limited_receive(scope, receive, limit)
+    while True:
+        message = await next_message()
         if message["type"] == "http.disconnect":
             raise ConnectionResetError("client disconnected while sending the request")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
-        chunks.append(chunk)
+        chunks.append(message.get("body", b""))
         if not message.get("more_body"):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

@@ -128,7 +128,6 @@ def _state(request: Request) -> GatewayState:
 )
 async def post_rewards(request: Request) -> Response:
     state = _state(request)
-    _refuse_large_body(request, state.settings.limits.max_body_bytes)
     body = await request.body()
     sender = await _sender(request, state, body)
     rewards, batch = parse_rewards(body)
@@ -148,13 +147,6 @@ async def post_rewards(request: Request) -> Response:
         state.tracer.offer_rewards(items, stored)
     answer = RewardListOut(data=[reward_out(reward) for reward in stored]) if batch else reward_out(stored[0])
     return model_response(answer, headers={REPLAYED_HEADER: "true"} if replayed else None)
-
-
-def _refuse_large_body(request: Request, max_body_bytes: int) -> None:
-    """Before reading it, when the client declares its length."""
-    length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > max_body_bytes:
-        raise GatewayError(413, f"the body is larger than {max_body_bytes} bytes", code="body_too_large")
 
 
 async def _sender(request: Request, state: GatewayState, body: bytes) -> Sender:
