@@ -24,8 +24,12 @@ TTFT = Histogram(
 UPSTREAM_ERRORS = Counter(
     "apprentice_upstream_errors_total", "Upstream failures and error answers", ["upstream", "kind"]
 )
+# Each process ships its own journal: the backlog is the sum over the live processes ("max" let
+# a dead or idle worker's last value stand for all of them).
 JOURNAL_BACKLOG = Gauge(
-    "apprentice_journal_backlog_bytes", "Journal bytes not yet shipped to PostgreSQL", multiprocess_mode="max"
+    "apprentice_journal_backlog_bytes",
+    "Journal bytes not yet shipped to PostgreSQL, all live gateway processes together",
+    multiprocess_mode="livesum",
 )
 SHIPPED = Counter("apprentice_shipped_calls_total", "Calls shipped from the journal into PostgreSQL")
 SHIP_FAILURES = Counter("apprentice_ship_failures_total", "Failed attempts to ship a journal batch")
