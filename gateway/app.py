@@ -21,7 +21,7 @@ from starlette.routing import Match
 from apprentice.settings import Settings
 from apprentice.store.schema import check_schema
 from gateway import __version__
-from gateway.endpoints import operations
+from gateway.endpoints import openapi, operations
 from gateway.endpoints.admin import judging as admin_judging
 from gateway.endpoints.admin import routes as admin_routes
 from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
@@ -73,6 +73,7 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
     app.include_router(admin_routes.router)
     app.include_router(admin_judging.router)
     app.include_router(ui_routes.router)
+    openapi.install(app)  # documents the endpoints GatewayApp serves before FastAPI, without routing them
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_: Request, error: GatewayError) -> Response:

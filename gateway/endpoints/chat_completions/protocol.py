@@ -1,0 +1,112 @@
+"""Wire types of `POST /v1/chat/completions`, and OpenAI's error body, for the OpenAPI document.
+
+The handler (handler.py, request.py) reads requests with orjson and checks only what it needs
+to route and record a call: every field OpenAI allows, and fields it does not know yet, reach
+the upstream untouched. These models say the same thing: permissive (`extra="allow"`), with
+the fields the gateway reads or the client most needs typed. They document; nothing
+validates a request with them (the hot path stays free of that cost).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    """A wire object that may carry fields not named here."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="`invalid_request_error`, `authentication_error`, `not_found_error`, ...")
+    param: str | None = Field(None, description="The request field at fault, when one is.")
+    code: str | None = Field(None, description="A stable code: `model_not_found`, `invalid_api_key`, ...")
+
+
+class OpenAIError(BaseModel):
+    """OpenAI's error format (gateway/http/errors.py): the official SDKs raise typed exceptions on it."""
+
+    error: OpenAIErrorDetail
+
+
+class ChatMessage(_Open):
+    role: str = Field(description="`system`, `developer`, `user`, `assistant` or `tool`.")
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class ChatCompletionRequest(_Open):
+    """OpenAI's chat completion request; any other field is forwarded as it is."""
+
+    model: str = Field(description="A `model_list` name or a policy (`GET /v1/models`).")
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool | None = Field(None, description="true: answered as server-sent events (`text/event-stream`).")
+    stream_options: dict[str, Any] | None = Field(
+        None,
+        description="A streamed call is always recorded with its usage: the gateway asks the upstream for it and "
+        "removes the usage chunk from what a client that did not ask for it (`include_usage`) sees.",
+    )
+    metadata: dict[str, Any] | None = Field(
+        None,
+        description="`metadata.trajectory_id` and `metadata.group_id` name the run and its task group like the "
+        "`X-Trajectory-Id` and `X-Group-Id` headers; the gateway removes them before forwarding.",
+    )
+    temperature: float | None = Field(None, description="A policy's own `temperature` overrides it.")
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    n: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+
+
+class ChatUsage(_Open):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatChoice(_Open):
+    index: int
+    message: ChatMessage
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletion(_Open):
+    """The upstream's answer, as it gave it (a policy's token-capture fields removed)."""
+
+    id: str = Field(description="`chatcmpl-...`: rewards and the trajectory API accept it.")
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: ChatUsage | None = None
+
+
+class ChatChunkChoice(_Open):
+    index: int
+    delta: dict[str, Any] = Field(description="`role`, `content`, `tool_calls` fragments, ...")
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(_Open):
+    """The data of one server-sent event of a streamed answer; the stream ends with `data: [DONE]`.
+    A failure after the stream started arrives as a last `data:` event holding an `OpenAIError`."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: ChatUsage | None = Field(None, description="On the last chunk (`choices: []`) when usage was asked for.")

@@ -1,0 +1,451 @@
+"""The OpenAPI document (`/openapi.json`, `/docs`): FastAPI's routes, and the endpoints served before it.
+
+GatewayApp (gateway/app.py) hands `POST /v1/chat/completions`, `/v1/responses`, `/v1/messages`
+and `/v1/messages/count_tokens` (with or without `/v1`) to plain ASGI handlers, and every other
+`/v1/*` path FastAPI does not route to passthrough.py, before FastAPI sees the request; FastAPI's
+own document would list none of them. This module documents them without routing them: their
+operations are declared on `router`, an APIRouter that is never included in the app, and
+`install` replaces the app's `openapi()` with one that runs FastAPI's generator over these
+declarations and the app's own routes together.
+
+Why not FastAPI routes "for documentation only": GatewayApp gives FastAPI any `/v1/*` request
+one of its routes matches, by path alone (`_fastapi_handles`), so a route for `POST
+/v1/embeddings` would take embeddings away from the passthrough, and one for `POST
+/v1/chat/completions` would send `GET /v1/chat/completions` to FastAPI's 405 instead of the
+upstream. Kept off the app, a declaration cannot change which handler answers, and cannot answer
+twice; its body raises should anything ever call it.
+
+The wire types are each endpoint's (`<endpoint>/protocol.py`); what is here is what the
+document says about them: statuses and error formats, headers, streams. After generation,
+`_complete` adds what FastAPI's generator cannot say:
+
+- a streamed answer's `text/event-stream` content, whose schema is the data of one event (as in
+  OpenAI's own document), beside the `application/json` answer;
+- 400 in OpenAI's format where FastAPI wrote 422 (`HTTPValidationError`): the app answers a
+  request FastAPI finds invalid with 400 and OpenAI's error body (app.py, `validation_error`);
+- OpenAI's error body on the app's own error statuses that name none (every error of a FastAPI
+  route is written in OpenAI's format by the app's exception handlers);
+- the answers of routes that return raw bodies (`GET /v1/models`, `GET /v1/responses/{id}`,
+  its input items), when the route declares none itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, FastAPI, Header, Security
+from fastapi.openapi.utils import get_openapi
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from gateway.endpoints.chat_completions.protocol import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    OpenAIError,
+)
+from gateway.endpoints.embeddings.protocol import EmbeddingList, EmbeddingsRequest
+from gateway.endpoints.messages.protocol import (
+    AnthropicError,
+    CountTokensRequest,
+    Message,
+    MessagesRequest,
+    MessageStreamEvent,
+    TokenCount,
+)
+from gateway.endpoints.models.protocol import ModelList
+from gateway.endpoints.responses.protocol import (
+    InputItemList,
+    ResponseObject,
+    ResponsesRequest,
+    ResponseStreamEvent,
+)
+
+REF = "#/components/schemas/"
+WITHOUT_V1 = "without /v1"
+
+TAGS: list[dict[str, Any]] = [
+    {
+        "name": "chat completions",
+        "description": "OpenAI's chat completions, forwarded (byte for byte to OpenAI-compatible upstreams) and "
+        "recorded: each call joins its run's trajectory.",
+    },
+    {
+        "name": "responses",
+        "description": "OpenAI's Responses API: forwarded as it is to an upstream that speaks it (`openai/` "
+        "deployments, or `protocols: [responses]`), translated to chat completions for a policy or any other "
+        "deployment; recorded either way, and readable back from the record.",
+    },
+    {
+        "name": "messages",
+        "description": "Anthropic's Messages API (`ANTHROPIC_BASE_URL` is the gateway's root, without /v1): "
+        "forwarded as it is to an upstream that speaks it (`anthropic/` deployments, or `protocols: [messages]`), "
+        "translated to chat completions otherwise; recorded either way. Every answer, errors included, is in "
+        "Anthropic's format.",
+    },
+    {
+        "name": "openai",
+        "description": "The rest of OpenAI's API. Embeddings, and any other `/v1/*` path not listed here "
+        "(moderations, files, ...), are forwarded unchanged to the deployment of the `model` they name, or to "
+        "`default_upstream`, with the deployment's own key, and are not recorded.",
+    },
+    {
+        "name": WITHOUT_V1,
+        "description": "The same endpoints for clients whose base URL leaves out `/v1`.",
+    },
+]
+
+# ---- what the declarations share --------------------------------------------------------
+
+GATEWAY_KEY = HTTPBearer(
+    scheme_name="GatewayKey",
+    description="A gateway key (`apprentice keys create`); none is needed with `auth.mode: open`.",
+    auto_error=False,
+)
+ANTHROPIC_KEY = APIKeyHeader(
+    name="x-api-key",
+    scheme_name="AnthropicApiKey",
+    description="A gateway key, as Anthropic's clients send `ANTHROPIC_API_KEY` (`Authorization: Bearer` works too).",
+    auto_error=False,
+)
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(GATEWAY_KEY)]
+XApiKey = Annotated[str | None, Security(ANTHROPIC_KEY)]
+TrajectoryId = Annotated[
+    str | None,
+    Header(
+        alias="X-Trajectory-Id",
+        description="The client's name for its run: the call joins that trajectory. "
+        "Without it, calls are stitched into runs by their content. The value the gateway returned works too.",
+    ),
+]
+GroupId = Annotated[
+    str | None,
+    Header(
+        alias="X-Group-Id",
+        description="The task group of the run (runs of one task, compared with each other in training).",
+    ),
+]
+AnthropicVersion = Annotated[
+    str | None,
+    Header(
+        alias="anthropic-version",
+        description="Passed to an upstream that speaks Messages (`2023-06-01` when absent); otherwise not needed.",
+    ),
+]
+AnthropicBeta = Annotated[
+    str | None, Header(alias="anthropic-beta", description="Passed to an upstream that speaks Messages.")
+]
+
+CALL_HEADERS: dict[str, Any] = {
+    "X-Trajectory-Id": {
+        "description": "The run this call belongs to: the client's own name when it gave one, else the gateway's id.",
+        "schema": {"type": "string"},
+    },
+    "X-Apprentice-Trajectory-Id": {
+        "description": "The gateway's id of the run, always (rewards and the trajectory API accept either).",
+        "schema": {"type": "string", "format": "uuid"},
+    },
+    "X-Apprentice-Call-Id": {"description": "The gateway's id of this call.", "schema": {"type": "string"}},
+}
+RECORDED = (
+    " The call is recorded and answered with `X-Trajectory-Id`, `X-Apprentice-Trajectory-Id` and "
+    "`X-Apprentice-Call-Id` (an upstream's error too, once the call was routed)."
+)
+
+ERRORS: dict[int, str] = {
+    400: "The request is malformed (not a JSON object, a required field missing or of the wrong type; the "
+    "message and `param` name the field), or the upstream's own 400.",
+    401: "No API key, or an unknown or revoked one.",
+    404: "The model is not served here (the message lists the models that are).",
+    413: "The body is over `limits.max_body_bytes`.",
+    429: "The upstream's rate limit, after the gateway's retries.",
+    502: "No upstream answered, or one answered with something unusable.",
+    503: "The key store is unreachable for a key not yet known, or the upstream is unavailable.",
+    504: "The upstream timed out.",
+}
+UPSTREAM_STATUSES = " Other statuses an upstream answers with come through with its error."
+
+
+def _errors(model: type[BaseModel], statuses: Iterable[int], fmt: str) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": model, "description": f"{ERRORS[status]} ({fmt} format)"} for status in statuses}
+
+
+OPENAI_ERRORS = _errors(OpenAIError, (400, 401, 404, 413, 429, 502, 503, 504), "OpenAI's")
+ANTHROPIC_ERRORS = _errors(AnthropicError, (400, 401, 404, 413, 429, 502, 503, 504), "Anthropic's")
+
+# The event model of each streamed operation, by (path, method): `_complete` adds its content.
+STREAMS: dict[tuple[str, str], type[BaseModel]] = {}
+
+
+class DocumentationOnly(RuntimeError):
+    """A declaration here was called: GatewayApp serves its path before FastAPI (see the module docstring)."""
+
+
+def _declare(
+    paths: tuple[str, ...],
+    endpoint: Callable[..., Any],
+    *,
+    tag: str,
+    summary: str,
+    description: str,
+    ok: dict[str, Any],
+    errors: dict[int | str, dict[str, Any]],
+    stream: type[BaseModel] | None = None,
+) -> None:
+    """Declare `POST` on each path (the first is the /v1 one, the others its aliases) on `router`."""
+    for position, path in enumerate(paths):
+        router.add_api_route(
+            path,
+            endpoint,
+            methods=["POST"],
+            tags=[tag] if position == 0 else [WITHOUT_V1],
+            summary=summary if position == 0 else f"{summary} (as POST {paths[0]})",
+            description=description,
+            response_model=None,
+            responses={200: ok, **errors},
+        )
+        if stream is not None:
+            STREAMS[(path, "post")] = stream
+
+
+def _never() -> DocumentationOnly:
+    return DocumentationOnly("this operation is documented here and served by GatewayApp's ASGI handlers")
+
+
+router = APIRouter()  # never included in an app: see the module docstring
+
+# ---- the operations ----------------------------------------------------------------------
+
+
+async def create_chat_completion(
+    body: ChatCompletionRequest, key: Bearer, trajectory: TrajectoryId = None, group: GroupId = None
+) -> None:
+    raise _never()
+
+
+_declare(
+    ("/v1/chat/completions", "/chat/completions"),
+    create_chat_completion,
+    tag="chat completions",
+    summary="Create a chat completion",
+    description="OpenAI's chat completions: everything the API allows, and fields the gateway does not know, "
+    "reach the upstream as sent; the gateway only removes `metadata.trajectory_id` and `metadata.group_id`, asks "
+    "for usage on streams, and sets a policy's adapter, temperature and token capture (removed from the answer). "
+    "With `stream: true` the answer is server-sent events, `data: <chunk>` each, ended by `data: [DONE]`."
+    + RECORDED
+    + UPSTREAM_STATUSES,
+    ok={"model": ChatCompletion, "description": "The completion, or its event stream.", "headers": CALL_HEADERS},
+    errors=OPENAI_ERRORS,
+    stream=ChatCompletionChunk,
+)
+
+
+async def create_response(
+    body: ResponsesRequest, key: Bearer, trajectory: TrajectoryId = None, group: GroupId = None
+) -> None:
+    raise _never()
+
+
+_declare(
+    ("/v1/responses", "/responses"),
+    create_response,
+    tag="responses",
+    summary="Create a model response",
+    description="OpenAI's Responses API. An upstream that speaks it (`openai/` deployments, or a `model_list` "
+    "entry with `protocols: [responses]`) gets the request as it is (with the client's `OpenAI-Organization`, "
+    "`OpenAI-Project` and `OpenAI-Beta`) and answers it; for a policy, or any other deployment, the request is "
+    "translated to chat completions and the answer back, so a policy records the exact tokens it trains on. "
+    "`previous_response_id` continues that response's conversation and trajectory (an unknown one is a 400). "
+    "With `stream: true` the answer is server-sent events, `event: <type>` and `data: <event>` each, ended by "
+    "`response.completed` (or `response.incomplete`, `response.failed`)." + RECORDED + UPSTREAM_STATUSES,
+    ok={"model": ResponseObject, "description": "The response, or its event stream.", "headers": CALL_HEADERS},
+    errors=OPENAI_ERRORS,
+    stream=ResponseStreamEvent,
+)
+
+
+async def create_message(
+    body: MessagesRequest,
+    api_key: XApiKey,
+    key: Bearer,
+    version: AnthropicVersion = None,
+    beta: AnthropicBeta = None,
+    trajectory: TrajectoryId = None,
+    group: GroupId = None,
+) -> None:
+    raise _never()
+
+
+_declare(
+    ("/v1/messages", "/messages"),
+    create_message,
+    tag="messages",
+    summary="Create a message",
+    description="Anthropic's Messages API. An upstream that speaks it (`anthropic/` deployments, or a `model_list` "
+    "entry with `protocols: [messages]`) gets the request as it is, with the deployment's own key and the "
+    "client's `anthropic-version` and `anthropic-beta`; for a policy, or any other deployment, the request is "
+    "translated to chat completions and the answer back, so a policy records the exact tokens it trains on. "
+    "Runs are stitched by their content like chat runs. With `stream: true` the answer is server-sent events, "
+    "`event: <type>` and `data: <event>` each, ended by `message_stop` (or an `error` event)."
+    + RECORDED
+    + UPSTREAM_STATUSES,
+    ok={"model": Message, "description": "The message, or its event stream.", "headers": CALL_HEADERS},
+    errors=ANTHROPIC_ERRORS,
+    stream=MessageStreamEvent,
+)
+
+
+async def count_message_tokens(
+    body: CountTokensRequest,
+    api_key: XApiKey,
+    key: Bearer,
+    version: AnthropicVersion = None,
+    beta: AnthropicBeta = None,
+) -> None:
+    raise _never()
+
+
+_declare(
+    ("/v1/messages/count_tokens", "/messages/count_tokens"),
+    count_message_tokens,
+    tag="messages",
+    summary="Count the tokens of a message",
+    description="Forwarded to an upstream that speaks Messages; otherwise counted with the model endpoint's own "
+    "tokenizer when it offers vLLM's `/tokenize` (a policy), else estimated at one token per four bytes of text. "
+    "Not recorded.",
+    ok={
+        "model": TokenCount,
+        "description": "The count.",
+        "headers": {
+            "X-Apprentice-Token-Count": {
+                "description": "How the gateway counted: `tokenizer` or `estimate` (absent when the upstream did).",
+                "schema": {"type": "string", "enum": ["tokenizer", "estimate"]},
+            }
+        },
+    },
+    errors={status: ANTHROPIC_ERRORS[status] for status in (400, 401, 404, 413, 502)},
+)
+
+
+async def create_embeddings(body: EmbeddingsRequest, key: Bearer) -> None:
+    raise _never()
+
+
+_declare(
+    ("/v1/embeddings",),
+    create_embeddings,
+    tag="openai",
+    summary="Create embeddings",
+    description="Forwarded unchanged (by passthrough.py) to the deployment of `model`, or to `default_upstream`, "
+    "with the deployment's own key; the upstream's answer, errors included, comes back as it is. Not recorded.",
+    ok={"model": EmbeddingList, "description": "The upstream's answer."},
+    errors={
+        400: {"description": "The upstream refused the request (its own error body)."},
+        401: OPENAI_ERRORS[401],
+        404: {"model": OpenAIError, "description": "No OpenAI-compatible upstream for this model (OpenAI's format)."},
+        413: OPENAI_ERRORS[413],
+        502: {"model": OpenAIError, "description": "The upstream did not answer (OpenAI's format)."},
+    },
+)
+
+# Routes of the app that answer raw bodies: their answers, documented here when they declare none.
+ANSWERS: dict[tuple[str, str], tuple[type[BaseModel], tuple[int, ...]]] = {
+    ("/v1/models", "get"): (ModelList, (401,)),
+    ("/v1/responses/{response_id}", "get"): (ResponseObject, (401, 404)),
+    ("/v1/responses/{response_id}/input_items", "get"): (InputItemList, (400, 401, 404)),
+}
+NOT_RECORDED = {404: "No recorded response with this id for this key's tenant."}
+
+
+# ---- the document ------------------------------------------------------------------------
+
+
+def install(app: FastAPI) -> None:
+    """Make the app's `/openapi.json` (and `/docs`) document every endpoint the gateway serves."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def document(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document of the app's routes and of the operations declared here."""
+    served = {(path, method) for path, method in _operations(app.routes)}
+    declared = set(_operations(router.routes))
+    if served & declared:
+        raise ValueError(f"declared here and routed by FastAPI too: {sorted(served & declared)}")
+    spec = get_openapi(
+        title=app.title,
+        version=app.version,
+        openapi_version=app.openapi_version,
+        summary=app.summary,
+        description=app.description,
+        routes=[*router.routes, *app.routes],
+        tags=TAGS,
+        servers=app.servers,
+        separate_input_output_schemas=app.separate_input_output_schemas,
+    )
+    _complete(spec)
+    return spec
+
+
+def _operations(routes: Iterable[Any]) -> Iterable[tuple[str, str]]:
+    for route in routes:
+        if getattr(route, "include_in_schema", False):
+            for method in getattr(route, "methods", None) or ():
+                yield route.path_format, method.lower()
+
+
+def _complete(spec: dict[str, Any]) -> None:
+    """What FastAPI's generator leaves out (see the module docstring)."""
+    paths: dict[str, dict[str, Any]] = spec["paths"]
+    for (path, method), events in STREAMS.items():
+        content = paths[path][method]["responses"]["200"]["content"]
+        content["text/event-stream"] = {"schema": _component(spec, events)}
+    for (path, method), (answer, statuses) in ANSWERS.items():
+        responses = paths[path][method]["responses"]
+        json_content = responses["200"].setdefault("content", {}).setdefault("application/json", {})
+        if not json_content.get("schema"):
+            json_content["schema"] = _component(spec, answer)
+        for status in statuses:
+            responses.setdefault(str(status), {"description": NOT_RECORDED.get(status, ERRORS[status])})
+    openai_error = _component(spec, OpenAIError)
+    for path_item in paths.values():
+        for operation in path_item.values():
+            responses = operation["responses"]
+            validation = responses.pop("422", None)
+            if validation is not None:
+                responses.setdefault("400", {"description": "The request is malformed (`param` names the field)."})
+            for status, response in responses.items():
+                if status[0] in "45" and not response.get("content"):
+                    response["content"] = {"application/json": {"schema": openai_error}}
+    schemas = spec["components"]["schemas"]
+    for name in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422 body, now unused
+        others = {other: schema for other, schema in schemas.items() if other != name}
+        if f'"{REF}{name}"' not in json.dumps([paths, others]):
+            schemas.pop(name, None)
+
+
+def _component(spec: dict[str, Any], model: type[BaseModel]) -> dict[str, str]:
+    """A reference to the model's schema, added to the document's components (with the models it
+    uses), written as FastAPI writes its own (no null values: `"default": null` left out)."""
+    refs, definitions = models_json_schema([(model, "serialization")], ref_template=REF + "{model}")
+    schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+    for name, schema in _without_nulls(definitions.get("$defs", {})).items():
+        if schemas.setdefault(name, schema) != schema:
+            raise ValueError(f"two different schemas are named {name} in the OpenAPI document")
+    return dict(refs[(model, "serialization")])
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value

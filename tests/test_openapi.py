@@ -1,0 +1,194 @@
+"""/openapi.json documents every endpoint the gateway serves, the ones answered before FastAPI
+(chat completions, responses, messages, count_tokens, the forwarded embeddings) included, and
+documenting them changes nothing about which handler answers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import jsonschema
+import orjson
+import pytest
+
+from apprentice.settings import Settings
+from gateway import app as gateway_app
+from gateway.endpoints import openapi
+
+OPENAI, ANTHROPIC = "OpenAIError", "AnthropicError"
+REF = "#/components/schemas/"
+# Every (method, path) GatewayApp answers before FastAPI, with its error format and whether it streams.
+HOT: dict[tuple[str, str], tuple[str, bool]] = {
+    **{("post", path): (OPENAI, True) for path in gateway_app.CHAT_PATHS},
+    **{("post", path): (OPENAI, True) for path in gateway_app.RESPONSES_PATHS},
+    **{("post", path): (ANTHROPIC, True) for path in gateway_app.MESSAGES_PATHS},
+    **{("post", path): (ANTHROPIC, False) for path in gateway_app.COUNT_TOKENS_PATHS},
+    ("post", "/v1/embeddings"): (OPENAI, False),  # forwarded by the passthrough
+}
+RECORDED = {path for (_, path) in HOT if "count_tokens" not in path and "embeddings" not in path}
+CALL_HEADERS = {"X-Trajectory-Id", "X-Apprentice-Trajectory-Id", "X-Apprentice-Call-Id"}
+
+
+def _app() -> gateway_app.GatewayApp:
+    return gateway_app.create_app(Settings(), "postgresql://unused@127.0.0.1/unused", check_schema_on_start=False)
+
+
+@pytest.fixture
+def gateway(start_gateway, fake_upstream):
+    policy = {
+        "name": "agent",
+        "base_model": "fake-model",
+        "endpoints": [fake_upstream.api_base],
+        "record_tokens": False,
+    }
+    return start_gateway(policies=[policy])
+
+
+def _resolve(spec: dict[str, Any], ref: str) -> dict[str, Any]:
+    assert ref.startswith(REF), ref
+    return spec["components"]["schemas"][ref[len(REF) :]]
+
+
+def _refs(value: Any) -> list[str]:
+    """Every `$ref` in a document."""
+    if isinstance(value, list):
+        return [ref for item in value for ref in _refs(item)]
+    if not isinstance(value, dict):
+        return []
+    own = [value["$ref"]] if isinstance(value.get("$ref"), str) else []
+    return own + [ref for item in value.values() for ref in _refs(item)]
+
+
+def _validator(spec: dict[str, Any], ref: str) -> jsonschema.Draft202012Validator:
+    """Validates instances against a documented schema, its references resolved in the document."""
+    return jsonschema.Draft202012Validator({"$ref": ref, "components": spec["components"]})
+
+
+def _schema_ref(operation: dict[str, Any], status: str, media_type: str = "application/json") -> str:
+    return operation["responses"][status]["content"][media_type]["schema"]["$ref"]
+
+
+def test_every_served_path_is_documented_with_bodies_errors_headers_and_streams(gateway):
+    answer = httpx.get(gateway.url + "/openapi.json")
+    assert answer.status_code == 200
+    spec = answer.json()
+    assert spec["openapi"].startswith("3.1")
+    paths = spec["paths"]
+
+    # Every FastAPI route, and every path GatewayApp serves before FastAPI.
+    fastapi_routes = {(m, p) for p, m in openapi._operations(_app().fastapi.routes)}
+    documented = {(method, path) for path, item in paths.items() for method in item}
+    assert fastapi_routes | set(HOT) | {("get", "/v1/models")} <= documented
+
+    for (method, path), (error_model, streamed) in HOT.items():
+        operation = paths[path][method]
+        body = operation["requestBody"]
+        assert body["required"] is True
+        request_schema = _resolve(spec, body["content"]["application/json"]["schema"]["$ref"])
+        assert "model" in request_schema["required"] and request_schema["additionalProperties"] is True
+        assert "200" in operation["responses"] and _schema_ref(operation, "200")
+        assert ("text/event-stream" in operation["responses"]["200"]["content"]) is streamed
+        for status in ("401", "404", "413", "502"):
+            assert _schema_ref(operation, status) == REF + error_model, (path, status)
+        if path in RECORDED:
+            names = {parameter["name"] for parameter in operation["parameters"] if parameter["in"] == "header"}
+            assert {"X-Trajectory-Id", "X-Group-Id"} <= names
+            assert CALL_HEADERS <= set(operation["responses"]["200"]["headers"])
+        if error_model == ANTHROPIC:
+            names = {parameter["name"] for parameter in operation["parameters"]}
+            assert "anthropic-version" in names
+            assert {"AnthropicApiKey": []} in operation["security"]
+    anthropic_key = spec["components"]["securitySchemes"]["AnthropicApiKey"]
+    assert (anthropic_key["type"], anthropic_key["in"], anthropic_key["name"]) == ("apiKey", "header", "x-api-key")
+
+    # The two error formats, as each protocol's clients read them.
+    openai_error = _resolve(spec, _resolve(spec, REF + OPENAI)["properties"]["error"]["$ref"])
+    assert set(openai_error["properties"]) == {"message", "type", "param", "code"}
+    anthropic = _resolve(spec, REF + ANTHROPIC)
+    assert anthropic["properties"]["type"]["const"] == "error"
+    assert set(_resolve(spec, anthropic["properties"]["error"]["$ref"])["properties"]) == {"type", "message"}
+
+    models = paths["/v1/models"]["get"]
+    assert _schema_ref(models, "200") == REF + "ModelList" and _schema_ref(models, "401") == REF + OPENAI
+
+    # Errors are answered in a protocol's own format everywhere, never as FastAPI's 422.
+    for path, item in paths.items():
+        for method, operation in item.items():
+            assert "422" not in operation["responses"], (method, path)
+            for status, response in operation["responses"].items():
+                if status[0] in "45":
+                    assert response["content"]["application/json"]["schema"], (method, path, status)
+
+    # The document is well formed: every reference resolves, every schema is a valid JSON schema.
+    for ref in _refs(spec):
+        _resolve(spec, ref)
+    for schema in spec["components"]["schemas"].values():
+        jsonschema.Draft202012Validator.check_schema(schema)
+    try:
+        from openapi_spec_validator import validate
+    except ImportError:  # not a dependency: checked where it is installed
+        pass
+    else:
+        validate(spec)
+
+    assert httpx.get(gateway.url + "/docs").status_code == 200
+
+
+def test_documented_endpoints_still_reach_their_handlers_and_answer_as_documented(gateway):
+    spec = httpx.get(gateway.url + "/openapi.json").json()
+    paths = spec["paths"]
+    chat = {"model": "fake-model", "messages": [{"role": "user", "content": "Hello"}]}
+    responses = {"model": "agent", "input": "Hello"}
+    messages = {"model": "agent", "max_tokens": 32, "messages": [{"role": "user", "content": "Hello"}]}
+    bodies: dict[str, dict[str, Any]] = {
+        **{path: chat for path in gateway_app.CHAT_PATHS},
+        **{path: responses for path in gateway_app.RESPONSES_PATHS},
+        **{path: messages for path in gateway_app.MESSAGES_PATHS},
+        **{path: {k: v for k, v in messages.items() if k != "max_tokens"} for path in gateway_app.COUNT_TOKENS_PATHS},
+        "/v1/embeddings": {"model": "fake-model", "input": ["a", "b"]},
+    }
+    with httpx.Client(base_url=gateway.url, headers={"x-api-key": "any", "anthropic-version": "2023-06-01"}) as client:
+        for (method, path), (error_model, streamed) in HOT.items():
+            operation = paths[path][method]
+            answer = client.post(path, json=bodies[path])
+            assert answer.status_code == 200, (path, answer.text)
+            _validator(spec, _schema_ref(operation, "200")).validate(answer.json())
+            if path in RECORDED:  # the ASGI handler answered: it recorded the call
+                assert CALL_HEADERS <= {name.title() for name in answer.headers}, path
+            elif "count_tokens" in path:  # the gateway counted (the passthrough would have asked the upstream)
+                assert answer.headers["x-apprentice-token-count"] in ("tokenizer", "estimate")
+            else:  # forwarded by the passthrough, not recorded
+                assert answer.json()["data"][1]["index"] == 1 and "x-apprentice-call-id" not in answer.headers
+
+            if "embeddings" not in path:  # (an unknown model's embeddings go to the default upstream)
+                refused = client.post(path, json={**bodies[path], "model": "no-such-model"})
+                assert refused.status_code == 404, (path, refused.text)
+                _validator(spec, REF + error_model).validate(refused.json())
+
+            if streamed:
+                events = _validator(spec, _schema_ref(operation, "200", "text/event-stream"))
+                with client.stream("POST", path, json={**bodies[path], "stream": True}) as stream:
+                    assert stream.headers["content-type"].startswith("text/event-stream")
+                    data = [line[5:].strip() for line in stream.iter_lines() if line.startswith("data:")]
+                assert data, path
+                for payload in data:
+                    if payload != "[DONE]":
+                        events.validate(orjson.loads(payload))
+
+
+def test_documentation_never_routes_a_request():
+    """GatewayApp gives FastAPI a /v1/* request whenever one of its routes matches the path: a
+    documented operation must not be one, whatever the method, or the passthrough and the hot
+    handlers would lose requests to it."""
+    app = _app()
+    routed = {path for _, path in openapi._operations(app.fastapi.routes)}
+    for _, path in HOT:
+        assert path not in routed
+        for method in ("GET", "POST", "PUT", "DELETE"):
+            scope = {"type": "http", "path": path, "method": method, "headers": [], "query_string": b""}
+            assert not app._fastapi_handles(scope), (method, path)
+    assert not {id(route) for route in openapi.router.routes} & {id(route) for route in app.fastapi.router.routes}
+    document = app.fastapi.openapi()
+    assert app.fastapi.openapi() is document  # built once
+    assert json.dumps(document)  # plain JSON
