@@ -127,3 +127,22 @@ def _call_out(call: CallRow) -> CallOut:
 
 def _text(value: uuid.UUID | None) -> str | None:
     return str(value) if value is not None else None
+
+
+class TrainedVersionOut(BaseModel):
+    name: str
+    policy: str
+    status: str
+    direct: bool = Field(description="Trained on the trajectory itself (false: trained from such a version since).")
+
+
+class TrajectoryDeletedOut(BaseModel):
+    id: str
+    object: Literal["trajectory.deleted"] = "trajectory.deleted"
+    deleted: bool = True
+    aliases: list[str] = Field(description="Ids of trajectories merged into it, deleted with it.")
+    calls: int
+    rewards: int
+    trained_into: list[TrainedVersionOut] = Field(
+        description="Adapter versions already trained on it (their weights are not retrained)."
+    )

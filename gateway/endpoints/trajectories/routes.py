@@ -8,6 +8,8 @@ from datetime import datetime
 from fastapi import APIRouter, Query, Request, Response
 
 from gateway.endpoints.trajectories.protocol import (
+    TrainedVersionOut,
+    TrajectoryDeletedOut,
     TrajectoryListOut,
     TrajectoryOut,
     trajectory_list_out,
@@ -16,6 +18,7 @@ from gateway.endpoints.trajectories.protocol import (
 from gateway.http.errors import GatewayError
 from gateway.http.responses import model_response
 from gateway.state import GatewayState
+from gateway.store.deletion import delete_trajectory
 from gateway.store.trajectories import get_trajectory, list_trajectories
 from gateway.trajectories.stitching import trajectory_id_for_client
 
@@ -49,6 +52,34 @@ async def get_one(
     if found is None:
         raise GatewayError(404, f"no trajectory {trajectory_id!r}", param="trajectory_id", code="not_found")
     return model_response(trajectory_out(found))
+
+
+@router.delete(
+    "/v1/trajectories/{trajectory_id}",
+    response_model=TrajectoryDeletedOut,
+    summary="Delete a trajectory with its calls and rewards",
+    description=(
+        "Addressed like GET (the gateway's id, an alias, or the client's own id); a client key deletes its own "
+        "tenant's trajectories only. Untrained data is gone for the learner; adapter versions already trained "
+        "on it are listed."
+    ),
+    responses={404: {"description": "No such trajectory for this key."}},
+)
+async def delete_one(request: Request, trajectory_id: str) -> Response:
+    state = _state(request)
+    key = await state.authenticate(request.scope)
+    candidates = _candidates(trajectory_id, trajectory_id_for_client(state.instance_secret, key.tenant, trajectory_id))
+    deleted = await delete_trajectory(state.engine, candidates, None if key.is_admin else key.tenant)
+    if deleted is None:
+        raise GatewayError(404, f"no trajectory {trajectory_id!r}", param="trajectory_id", code="not_found")
+    answer = TrajectoryDeletedOut(
+        id=str(deleted.trajectory_id),
+        aliases=[str(alias) for alias in deleted.aliases],
+        calls=deleted.calls,
+        rewards=deleted.rewards,
+        trained_into=[TrainedVersionOut(**row) for row in deleted.trained_into],
+    )
+    return model_response(answer)
 
 
 def _candidates(trajectory_id: str, as_client_id: uuid.UUID) -> list[uuid.UUID]:
