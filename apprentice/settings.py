@@ -428,6 +428,11 @@ class RewardSettings(BaseModel):
     # A reward whose trajectory is still unknown after this long is reported as overdue
     # (GET /v1/rewards/pending); it is kept and still links if the trajectory lands.
     pending_window_s: float = 3600.0
+    # A pending reward whose trajectory never lands is deleted this long after it arrived (its
+    # answer says when: `expires_at`), and a tenant may hold at most max_pending_per_tenant of
+    # them: a batch that would exceed it is refused with a 429, so no key can fill the store.
+    pending_expiry_s: float = Field(default=7 * 86400.0, gt=0)
+    max_pending_per_tenant: int = Field(default=100_000, ge=1)
     max_batch: int = Field(default=1000, ge=1)
     max_comment_chars: int = 4096
 

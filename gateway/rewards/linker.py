@@ -4,7 +4,8 @@ The shipper only sets an event after storing a batch of calls (no query on its p
 task then waits a moment to gather more batches and runs one linking pass, which starts
 with a probe of the partial index of pending rewards and ends at once when there are none.
 It also runs every few seconds (a reward posted to another process, or committed just after
-a pass), tries overdue rewards once a minute, and forgets old webhook signatures. The loop is a
+a pass), tries overdue rewards once a minute, forgets old webhook signatures, and deletes
+pending rewards past `rewards.pending_expiry_s` (their answer named that time). The loop is a
 `PeriodicWorker` (gateway/workers.py), which also owns the stop-without-hanging logic.
 """
 
@@ -17,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apprentice.settings import Settings
 from gateway.rewards.rules import RewardRules
-from gateway.store.rewards import forget_old_signatures, link_pending_rewards
+from gateway.store.rewards import expire_pending_rewards, forget_old_signatures, link_pending_rewards
 from gateway.workers import PeriodicWorker
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class RewardLinker:
         self.settings = settings.rewards
         self.rules = RewardRules(settings)
         self._last_overdue = 0.0
+        self._last_expiry = 0.0
         self.linked = 0
         self.worker = PeriodicWorker(
             "reward-linker", self._link_pass, interval_s=PERIOD_S, wake_delay_s=GATHER_S, stop_timeout_s=STOP_TIMEOUT_S
@@ -62,6 +64,17 @@ class RewardLinker:
         if overdue:
             self._last_overdue = now
             await forget_old_signatures(self.engine, 2 * self.settings.tolerance_s)
+        # Expiry is checked a few times per expiry period (at most once a minute): a reward outlives
+        # its `expires_at` by at most a quarter of the period.
+        if now - self._last_expiry > min(OVERDUE_PERIOD_S, self.settings.pending_expiry_s / 4):
+            self._last_expiry = now
+            expired = await expire_pending_rewards(self.engine, self.settings.pending_expiry_s)
+            if expired:
+                log.info(
+                    "deleted %d pending rewards whose trajectories did not land within %.0f s",
+                    expired,
+                    self.settings.pending_expiry_s,
+                )
         self.linked += linked
         return linked
 

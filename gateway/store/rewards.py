@@ -276,6 +276,47 @@ class ReplayedSignature(Exception):
     """The webhook signature was accepted before."""
 
 
+class TooManyPending(Exception):
+    """The batch would leave a tenant with more pending rewards than it may hold."""
+
+    def __init__(self, tenant: str, pending: int, adding: int, limit: int) -> None:
+        super().__init__(
+            f"tenant {tenant!r} holds {pending} pending rewards (their trajectories are not stored) and this request "
+            f"would add {adding}; the limit is {limit}. Pending rewards expire; send rewards for runs it served."
+        )
+        self.tenant = tenant
+
+
+_PENDING_COUNTS = """
+SELECT tenant, count(*) AS n FROM rewards
+WHERE status = 'pending' AND tenant = ANY(%(tenants)s::text[]) GROUP BY tenant
+"""
+
+
+async def _refuse_too_many_pending(
+    cursor: psycopg.AsyncCursor[dict[str, Any]], adding: dict[str, int], limit: int | None
+) -> None:
+    if limit is None or not adding:
+        return
+    await cursor.execute(_PENDING_COUNTS, {"tenants": sorted(adding)})
+    held = {row["tenant"]: int(row["n"]) for row in await cursor.fetchall()}
+    for tenant, count in sorted(adding.items()):
+        if held.get(tenant, 0) + count > limit:
+            raise TooManyPending(tenant, held.get(tenant, 0), count, limit)
+
+
+async def expire_pending_rewards(engine: AsyncEngine, older_than_s: float) -> int:
+    """Delete pending rewards whose trajectory did not land within `older_than_s` of their arrival."""
+    async with engine.connect() as connection:
+        pg = await driver_connection(connection)
+        async with pg.transaction(), pg.cursor() as cursor:
+            await cursor.execute(
+                "DELETE FROM rewards WHERE status = 'pending' AND received_at < now() - make_interval(secs => %s)",
+                (older_than_s,),
+            )
+            return cursor.rowcount
+
+
 # A webhook delivery's signature as it is recorded: (HMAC digest, tenant, signed at unix seconds).
 SignatureUse = tuple[bytes, str, float]
 
@@ -329,7 +370,12 @@ async def _retrying(engine: AsyncEngine, work: Callable[[psycopg.AsyncCursor[dic
 
 
 async def ingest_rewards(
-    engine: AsyncEngine, rewards: Sequence[NewReward], *, check: Checker, signature: SignatureUse | None = None
+    engine: AsyncEngine,
+    rewards: Sequence[NewReward],
+    *,
+    check: Checker,
+    signature: SignatureUse | None = None,
+    max_pending: int | None = None,
 ) -> tuple[list[StoredReward], bool]:
     """Store a batch of rewards in one transaction: all or nothing.
 
@@ -346,7 +392,7 @@ async def ingest_rewards(
         existing, key_trajectories = await _stored_under_keys(cursor, keyed)
         answer_ids, fresh = _known_and_fresh(rewards, hashes, existing)
         if fresh:
-            await _insert(cursor, rewards, hashes, fresh, key_trajectories, check)
+            await _insert(cursor, rewards, hashes, fresh, key_trajectories, check, max_pending)
         stored = await _read_rewards(cursor, set(answer_ids.values()))
         return [stored[answer_ids[position]] for position in range(len(rewards))], not fresh
 
@@ -408,9 +454,10 @@ async def _insert(
     fresh: list[int],
     key_trajectories: set[uuid.UUID],
     check: Checker,
+    max_pending: int | None = None,
 ) -> None:
-    """Resolve the fresh rewards' trajectories, let `check` refuse the batch, insert, and bring the
-    current rewards and groups of every trajectory they touch up to date."""
+    """Resolve the fresh rewards' trajectories, let `check` refuse the batch (and the pending
+    bound), insert, and bring the current rewards and groups of every trajectory they touch up to date."""
     await cursor.execute(
         _RESOLVE,
         {
@@ -434,6 +481,11 @@ async def _insert(
         if row["trajectory_id"]:
             policies.append((row["ord"], row["policy"]))
     check(policies)
+    adding: dict[str, int] = {}
+    for position in fresh:
+        if resolved.get(position) is None:
+            adding[rewards[position].tenant] = adding.get(rewards[position].tenant, 0) + 1
+    await _refuse_too_many_pending(cursor, adding, max_pending)
     trajectories = {trajectory for trajectory in resolved.values() if trajectory}
     await _lock(cursor, {lock_key(b"t", t) for t in trajectories | key_trajectories})
     rows = [_insert_row(position, rewards[position], hashes[position], resolved[position]) for position in fresh]

@@ -7,7 +7,7 @@ booleans) and finite (`NaN`, `Infinity` and overflowing literals are refused).
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -165,6 +165,9 @@ class RewardOut(BaseModel):
     linked_at: datetime | None
     superseded_at: datetime | None
     reject_reason: str | None = None
+    expires_at: datetime | None = Field(
+        None, description="A pending reward is deleted at this time if its trajectory has not landed by then."
+    )
 
 
 class RewardListOut(BaseModel):
@@ -189,8 +192,11 @@ class PendingRewardListOut(BaseModel):
 # Answers from stored rewards. Each model is validated once, when it is built here.
 
 
-def reward_out(reward: StoredReward) -> RewardOut:
-    return RewardOut(**_reward_fields(reward))
+def reward_out(reward: StoredReward, *, pending_expiry_s: float | None = None) -> RewardOut:
+    fields = _reward_fields(reward)
+    if reward.status == "pending" and pending_expiry_s is not None:
+        fields["expires_at"] = reward.received_at + timedelta(seconds=pending_expiry_s)
+    return RewardOut(**fields)
 
 
 def pending_reward_list_out(page: UnlinkedRewards) -> PendingRewardListOut:

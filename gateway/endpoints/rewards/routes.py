@@ -38,6 +38,7 @@ from gateway.store.rewards import (
     ReplayedSignature,
     SignatureUse,
     StoredReward,
+    TooManyPending,
     ingest_rewards,
     list_unlinked,
 )
@@ -122,6 +123,7 @@ def _state(request: Request) -> GatewayState:
         400: {"description": "Invalid input; `error.param` names the field."},
         401: {"description": "Missing or invalid API key or signature, or a stale signature."},
         409: {"description": "A signature that was already used (replay)."},
+        429: {"description": "The tenant holds `rewards.max_pending_per_tenant` pending rewards already."},
         413: {"description": "More rewards than `rewards.max_batch`, or a body over the size limit."},
     },
     openapi_extra={**_REQUEST_SCHEMA, **_SIGNATURE_DOC},
@@ -145,7 +147,9 @@ async def post_rewards(request: Request) -> Response:
         state.reward_linker.wake()
     if state.tracer is not None and not replayed:  # a replay's spans went out the first time
         state.tracer.offer_rewards(items, stored)
-    answer = RewardListOut(data=[reward_out(reward) for reward in stored]) if batch else reward_out(stored[0])
+    expiry_s = state.settings.rewards.pending_expiry_s
+    answers = [reward_out(reward, pending_expiry_s=expiry_s) for reward in stored]
+    answer = RewardListOut(data=answers) if batch else answers[0]
     return model_response(answer, headers={REPLAYED_HEADER: "true"} if replayed else None)
 
 
@@ -168,7 +172,15 @@ async def _ingest(
     state: GatewayState, items: list[NewReward], check: Checker, signature: SignatureUse | None
 ) -> tuple[list[StoredReward], bool]:
     try:
-        return await ingest_rewards(state.engine, items, check=check, signature=signature)
+        return await ingest_rewards(
+            state.engine,
+            items,
+            check=check,
+            signature=signature,
+            max_pending=state.settings.rewards.max_pending_per_tenant,
+        )
+    except TooManyPending as exc:
+        raise GatewayError(429, str(exc), code="too_many_pending_rewards") from None
     except ReplayedSignature:
         raise GatewayError(
             409,
@@ -242,4 +254,4 @@ async def get_reward(request: Request, reward_id: str) -> Response:
     reward = await load(state.engine, parsed, None if key.is_admin else key.tenant)
     if reward is None:
         raise GatewayError(404, f"no reward {reward_id!r}", param="reward_id", code="not_found")
-    return model_response(reward_out(reward))
+    return model_response(reward_out(reward, pending_expiry_s=state.settings.rewards.pending_expiry_s))
