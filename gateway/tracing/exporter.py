@@ -114,8 +114,8 @@ class CallTracer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otlp-export")
         self.worker.start()
 
-    async def _export_batch(self) -> None:
-        count = min(self.batch_size, len(self._queue))
+    async def _export_batch(self, limit: int | None = None) -> int:
+        count = min(self.batch_size, len(self._queue), limit if limit is not None else len(self._queue))
         batch = [self._queue.popleft() for _ in range(count)]
         loop = asyncio.get_running_loop()
         try:
@@ -131,10 +131,14 @@ class CallTracer:
             metrics.TRACING_FAILED.inc(count)
             raise ExportFailed(f"{count} spans not exported: the collector at {self.export.endpoint} refused them")
         metrics.TRACING_EXPORTED.inc(count)
+        return count
 
     async def _step(self) -> None:
-        while self._queue:
-            await self._export_batch()
+        """Export what was queued when the step began (not what arrives meanwhile: a steady
+        trickle would otherwise keep the worker posting tiny batches back to back)."""
+        pending = len(self._queue)
+        while pending > 0 and self._queue:
+            pending -= await self._export_batch(pending)
 
     async def stop(self) -> None:
         """Stop the worker, export what is queued (for at most shutdown_timeout_s), close."""
