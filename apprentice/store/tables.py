@@ -74,6 +74,18 @@ trajectories = Table(
     Index("ix_trajectories_group", "group_id", postgresql_where=text("group_id IS NOT NULL")),
     Index("ix_trajectories_merged_into", "merged_into", postgresql_where=text("merged_into IS NOT NULL")),
     Index("ix_trajectories_last_call", "last_call_at", "id"),
+    # 0007: the dashboard's list by version, the canary's arms, a version's provenance.
+    Index(
+        "ix_trajectories_version_last_call",
+        "adapter_version_id",
+        "last_call_at",
+        "id",
+        postgresql_where=text("adapter_version_id IS NOT NULL"),
+    ),
+    Index("ix_trajectories_policy_first_call", "policy", "first_call_at"),
+    Index(
+        "ix_trajectories_trained_in_run", "trained_in_run_id", postgresql_where=text("trained_in_run_id IS NOT NULL")
+    ),
 )
 
 calls = Table(
@@ -195,6 +207,14 @@ rewards = Table(
     Index("ix_rewards_pending", "received_at", postgresql_where=text("status = 'pending'")),
     Index("ix_rewards_judgement", "judgement_id", postgresql_where=text("judgement_id IS NOT NULL")),
     Index("ix_rewards_received", "received_at"),
+    # 0007: the dashboard's trajectory list filtered by a reward range.
+    Index(
+        "ix_rewards_current_value",
+        "name",
+        "value",
+        postgresql_include=["trajectory_id"],
+        postgresql_where=text("status = 'linked' AND superseded_at IS NULL"),
+    ),
     Index(
         "uq_rewards_idempotency",
         "tenant",

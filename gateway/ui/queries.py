@@ -1,23 +1,34 @@
 """The dashboard's reads that the admin API has no function for.
 
-Every query reads a bounded, index-ordered slice (the indexes of migration 0006 and earlier):
+Every query reads a bounded, index-ordered slice (the indexes of migrations 0006 and 0007):
 keyset pages of at most a few dozen rows, charts over the newest few thousand trajectories of
 a policy, rates over the last minutes. Nothing scans `calls` beyond a time window, and no page
-counts a whole table. What the admin API already reads (policies, a version's detail, its live
-evaluation, one trajectory, keys) comes from `apprentice.promotion.service`,
-`gateway.store` and `gateway.auth.keys`.
+counts a whole table. What the admin API already reads (policies, its live evaluation, one
+trajectory, keys) comes from `apprentice.promotion.service`, `gateway.store` and
+`gateway.auth.keys`; a version's detail comes from `version_detail` here, the admin API's
+without reading every version row of the policy. `bench/dashboard_pages.py` times every page
+with a million calls and ten thousand versions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from psycopg.rows import dict_row
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from apprentice.promotion import lifecycle, service
+from apprentice.promotion.lineage import lineage_head
+from apprentice.promotion.provenance import provenance
+from apprentice.promotion.rows import AdapterVersion
+from apprentice.promotion.status import VersionStatus
+from apprentice.settings import Settings
+from apprentice.store.tables import adapter_versions
 from gateway.store.connection import driver_connection
 
 RATE_WINDOW_MIN = 5  # calls and rewards per minute: the mean over the last minutes
@@ -26,13 +37,23 @@ TREND_POINTS = 20
 CHART_TRAJECTORIES = 3000  # the policy page's chart: the newest trajectories of the policy
 CHART_BUCKETS = 30
 PAGE = 30  # rows per keyset page
+# A trajectory list filtered by reward first reads at most this many of the newest trajectories
+# that match the other filters; when fewer than a page of them has a reward in the range, it
+# reads the range's rewards instead (see `trajectories_page`)...
+REWARD_SCAN = 2000
+REWARD_FEW = 2000  # ... or, with at most this many in the range, those rewards' trajectories by id
+REWARD_ROWS = 50_000  # ... or, with at most this many, the newest trajectories through a hash of their ids
 
 
-async def fetch(engine: AsyncEngine, sql: str, params: dict[str, Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+async def fetch(
+    engine: AsyncEngine, sql: str, params: dict[str, Any] | tuple[Any, ...] = (), *, work_mem: str | None = None
+) -> list[dict[str, Any]]:
     async with engine.connect() as connection:
         pg = await driver_connection(connection)
         async with pg.cursor(row_factory=dict_row) as cursor:
             await cursor.execute("SET LOCAL jit = off")
+            if work_mem is not None:
+                await cursor.execute(f"SET LOCAL work_mem = '{work_mem}'")
             await cursor.execute(sql, params)
             rows = await cursor.fetchall()
         await pg.rollback()
@@ -193,6 +214,47 @@ async def transitions_page(engine: AsyncEngine, policy: str, before: int | None)
     return rows[:PAGE], len(rows) > PAGE
 
 
+# ---------------------------------------------------------------- version page
+
+# What `provenance` and `lineage_head` need of a policy's other versions: the lineage and the
+# promoted version (a handful of rows, ix_adapter_versions_policy_status), not all of them.
+_LIVE_STATUSES = (VersionStatus.CANDIDATE, VersionStatus.CANARY, VersionStatus.PROMOTED)
+
+
+async def version_detail(engine: AsyncEngine, settings: Settings, ref: str) -> service.VersionDetail:
+    """`service.version_detail` (what GET /v1/admin/versions/{ref} answers, the live evaluation of
+    a canary included) without reading every version row of the policy: that read decodes each
+    version's gates and evaluation and took about a second with 10,000 versions. It reads the
+    version, its parent, the policy's candidates, canary and promoted version (all that the
+    lineage, its head and the provenance depend on) and the names of the versions that sampled
+    its training data."""
+    version = await lifecycle.find_version(engine, ref)
+    async with engine.connect() as connection:
+        transitions = await lifecycle.transitions_of(connection, version.id)
+        live = await lifecycle.versions_of(connection, version.policy, _LIVE_STATUSES)
+        known = {v.id: v for v in live}
+        known.setdefault(version.id, version)
+        parent = version.parent_version_id
+        if parent is not None and parent not in known:
+            row = (await connection.execute(select(adapter_versions).where(adapter_versions.c.id == parent))).first()
+            if row is not None:
+                known[parent] = AdapterVersion.from_row(row)
+        found = (await provenance(connection, [version], list(known.values())))[version.id]
+    unnamed = [s.version_id for s in found.sampled_by if s.version_id is not None and s.version_id not in known]
+    if unnamed:
+        names = await version_names(engine, unnamed)
+        samplers = [
+            dataclasses.replace(s, name=names.get(s.version_id)) if s.version_id in names else s
+            for s in found.sampled_by
+        ]
+        found = dataclasses.replace(found, sampled_by=sorted(samplers, key=lambda s: (-s.trajectories, s.name or "")))
+    run = await service.training_run_of(engine, version)
+    if version.status == VersionStatus.CANARY and settings.policy(version.policy) is not None:
+        evaluated = await service.evaluate_canary(engine, settings, version)
+        version = dataclasses.replace(version, evaluation=evaluated.document)
+    return service.VersionDetail(version, run, transitions, found, lineage_head(live))
+
+
 # ---------------------------------------------------------------- trajectories
 
 
@@ -215,10 +277,37 @@ async def find_version_id(engine: AsyncEngine, ref: str) -> uuid.UUID | None:
         return rows[0]["id"] if rows else None
 
 
+_LIST_COLUMNS = """t.id, t.tenant, t.model, t.policy, t.client_trajectory_id, t.group_id, t.adapter_version_id,
+       t.first_call_at, t.last_call_at, t.call_count"""
+
+# The current reward (of the filter's name) of trajectory t: ix_rewards_slot, one probe.
+_CURRENT_REWARD = """SELECT r.value FROM rewards r WHERE r.trajectory_id = t.id AND r.name = %(reward_name)s
+    AND r.status = 'linked' AND r.superseded_at IS NULL ORDER BY r.observed_at DESC LIMIT 1"""
+
+
 async def trajectories_page(
     engine: AsyncEngine, flt: TrajectoryFilter, after: tuple[datetime, uuid.UUID] | None
 ) -> tuple[list[dict[str, Any]], bool]:
-    """Newest first by last call (merged aliases left out), keyset-paged on (last_call_at, id)."""
+    """Newest first by last call (merged aliases left out), keyset-paged on (last_call_at, id).
+
+    Without a reward range: the newest trajectories that match, in index order
+    (ix_trajectories_last_call, ix_trajectories_policy_last_call, ix_trajectories_version_last_call
+    for a version; a time range bounds the same scan), 31 rows read.
+
+    With a reward range, so that neither a common range nor one that the newest trajectories
+    rarely reach (a policy that improved, a rare value) probes the reward of every trajectory back
+    through the history (the planner cannot tell which, the rewards being correlated with time):
+    1. the newest REWARD_SCAN trajectories that match the other filters, each with its current
+       reward (one index probe each): done when a page of them is in the range, or when these
+       were all the trajectories that match;
+    2. else the range's current rewards are counted (ix_rewards_current_value, index only): with
+       at most REWARD_FEW, their trajectories by id, newest first;
+    3. with at most REWARD_ROWS, the index-ordered scan of 1 filtered through a hash of those
+       rewards' trajectory ids, a fraction of a probe's cost per trajectory passed over (the whole
+       history, 250,000 trajectories, in about 100 ms);
+    4. with more (a range common in older history and rare in the newest), the probing scan of 1
+       without its bound.
+    """
     conditions = ["t.merged_into IS NULL"]
     params: dict[str, Any] = {"reward_name": flt.reward_name, "limit": PAGE + 1}
     if flt.policy:
@@ -236,28 +325,94 @@ async def trajectories_page(
     if flt.until is not None:
         conditions.append("t.last_call_at < %(until)s")
         params["until"] = flt.until
-    if flt.reward_min is not None:
-        conditions.append("cr.value >= %(reward_min)s")
-        params["reward_min"] = flt.reward_min
-    if flt.reward_max is not None:
-        conditions.append("cr.value <= %(reward_max)s")
-        params["reward_max"] = flt.reward_max
     if after is not None:
         conditions.append("t.last_call_at <= %(after_at)s AND (t.last_call_at, t.id) < (%(after_at)s, %(after_id)s)")
         params["after_at"], params["after_id"] = after
-    rewarded = flt.reward_min is not None or flt.reward_max is not None
-    sql = f"""
-SELECT t.id, t.tenant, t.model, t.policy, t.client_trajectory_id, t.group_id, t.adapter_version_id,
-       v.name AS version_name, t.first_call_at, t.last_call_at, t.call_count, cr.value AS reward
+    ranges = []
+    if flt.reward_min is not None:
+        ranges.append("value >= %(reward_min)s")
+        params["reward_min"] = flt.reward_min
+    if flt.reward_max is not None:
+        ranges.append("value <= %(reward_max)s")
+        params["reward_max"] = flt.reward_max
+    where = " AND ".join(conditions)
+    if not ranges:
+        rows = await fetch(
+            engine,
+            f"""
+SELECT {_LIST_COLUMNS}, v.name AS version_name, cr.value AS reward
 FROM trajectories t
-{"JOIN" if rewarded else "LEFT JOIN"} LATERAL (
-    SELECT r.value FROM rewards r WHERE r.trajectory_id = t.id AND r.name = %(reward_name)s
-    AND r.status = 'linked' AND r.superseded_at IS NULL ORDER BY r.observed_at DESC LIMIT 1) cr ON true
+LEFT JOIN LATERAL ({_CURRENT_REWARD}) cr ON true
 LEFT JOIN adapter_versions v ON v.id = t.adapter_version_id
-WHERE {" AND ".join(conditions)}
+WHERE {where}
+ORDER BY t.last_call_at DESC, t.id DESC LIMIT %(limit)s
+""",
+            params,
+        )
+        return rows[:PAGE], len(rows) > PAGE
+    in_range = " AND ".join(f"cr.{condition}" for condition in ranges)
+    newest = f"SELECT {_LIST_COLUMNS} FROM trajectories t WHERE {where} ORDER BY t.last_call_at DESC, t.id DESC"
+    scan = f"""
+SELECT t.*, v.name AS version_name, cr.value AS reward
+FROM ({newest} BOUND) t
+JOIN LATERAL ({_CURRENT_REWARD}) cr ON true
+LEFT JOIN adapter_versions v ON v.id = t.adapter_version_id
+WHERE {in_range}
 ORDER BY t.last_call_at DESC, t.id DESC LIMIT %(limit)s
 """
-    rows = await fetch(engine, sql, params)
+    params["scan"] = REWARD_SCAN
+    rows = await fetch(engine, scan.replace("BOUND", "LIMIT %(scan)s"), params)
+    if len(rows) > PAGE:
+        return rows[:PAGE], True
+    scanned = await fetch(engine, f"SELECT count(*) AS n FROM ({newest} LIMIT %(scan)s) t", params)
+    if scanned[0]["n"] < REWARD_SCAN:  # every trajectory that matches the other filters was read
+        return rows, False
+    current = " AND ".join(
+        ["x.name = %(reward_name)s", "x.status = 'linked'", "x.superseded_at IS NULL"]
+        + [f"x.{condition}" for condition in ranges]
+    )
+    params["rows"] = REWARD_ROWS + 1
+    counted = await fetch(
+        engine, f"SELECT count(*) AS n FROM (SELECT 1 FROM rewards x WHERE {current} LIMIT %(rows)s) x", params
+    )
+    if counted[0]["n"] > REWARD_ROWS:
+        rows = await fetch(engine, scan.replace("BOUND", ""), params)
+        return rows[:PAGE], len(rows) > PAGE
+    if counted[0]["n"] <= REWARD_FEW:
+        # Each reward's trajectory by id (one current reward per trajectory and name: tables.rewards).
+        rows = await fetch(
+            engine,
+            f"""
+SELECT h.*, v.name AS version_name
+FROM (
+    SELECT t.*, x.value AS reward
+    FROM (SELECT x.trajectory_id, x.value FROM rewards x WHERE {current}) x
+    JOIN LATERAL (SELECT {_LIST_COLUMNS} FROM trajectories t WHERE t.id = x.trajectory_id AND {where} LIMIT 1) t ON true
+    ORDER BY t.last_call_at DESC, t.id DESC LIMIT %(limit)s
+) h
+LEFT JOIN adapter_versions v ON v.id = h.adapter_version_id
+ORDER BY h.last_call_at DESC, h.id DESC
+""",
+            params,
+        )
+        return rows[:PAGE], len(rows) > PAGE
+    # "IN (...) OR false" is not made a join (PostgreSQL only turns a top-level IN into one): it
+    # stays a filter on the index-ordered scan, a hashed SubPlan (the LIMIT in `m` keeps its
+    # estimated size in work_mem), so the scan stops at the page's end instead of sorting matches.
+    rows = await fetch(
+        engine,
+        f"""
+WITH m AS MATERIALIZED (SELECT x.trajectory_id FROM rewards x WHERE {current} LIMIT %(rows)s)
+SELECT {_LIST_COLUMNS}, v.name AS version_name, cr.value AS reward
+FROM trajectories t
+JOIN LATERAL ({_CURRENT_REWARD}) cr ON true
+LEFT JOIN adapter_versions v ON v.id = t.adapter_version_id
+WHERE {where} AND (t.id IN (SELECT m.trajectory_id FROM m) OR false) AND {in_range}
+ORDER BY t.last_call_at DESC, t.id DESC LIMIT %(limit)s
+""",
+        params,
+        work_mem="16MB",
+    )
     return rows[:PAGE], len(rows) > PAGE
 
 

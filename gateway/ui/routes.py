@@ -416,7 +416,7 @@ async def resume(request: Request, policy: str) -> Response:
 
 
 async def _version(state: GatewayState, ref: str) -> tuple[service.VersionDetail | None, str]:
-    detail, status, message = await _guard(lambda: service.version_detail(state.engine, state.settings, ref))
+    detail, status, message = await _guard(lambda: queries.version_detail(state.engine, state.settings, ref))
     return detail, message
 
 
