@@ -203,46 +203,61 @@ def test_groups_are_judged_once_through_the_gateway_and_scores_become_rewards(st
     httpx.delete(f"http://127.0.0.1:{fake_upstream.port}/_requests")
     ids = _run_group(client, "agent", "Where is my parcel 4711?", size=3)
     large = _run_group(client, "agent", "Cancel order 99.", size=6)
-    rows = _finished(db, "agent", count=3)  # the group of 3, and the group of 6 in two chunks of 3
-    assert sorted(len(r["ids"]) for r in rows) == [3, 3, 3]
+    everyone = set(ids) | set(large)
+
+    def all_scored() -> list[dict[str, Any]] | None:
+        rows = _judgements(db, "agent")
+        scored = count_rows(
+            db,
+            "SELECT count(DISTINCT trajectory_id) FROM rewards WHERE name = 'judge' AND status = 'linked' "
+            "AND superseded_at IS NULL",
+        )
+        return rows if scored == 9 and rows and all(r["status"] != "running" for r in rows) else None
+
+    # Members are judged as they become quiet, at most max_group_size (4) at a time, never across
+    # groups; a lone late member is judged with anchors from its group.
+    rows = wait_for(all_scored, timeout=40, message="every trajectory scored by the judge")
+    assert set().union(*(set(r["ids"]) for r in rows)) == everyone
+    assert all(set(r["ids"]) <= set(ids) or set(r["ids"]) <= set(large) for r in rows), "groups never mix"
+    assert all(2 <= len(r["ids"]) <= 4 for r in rows)
     assert all(r["status"] == "judged" and r["attempts"] == 1 and r["prompt_tokens"] > 0 for r in rows)
-    assert {frozenset(r["ids"]) for r in rows if set(r["ids"]) <= set(ids)} == {frozenset(ids)}
+    judged = len(rows)
 
     rewards = db.execute(
         "SELECT r.trajectory_id::text, r.value, r.source, r.comment, r.judgement_id::text, j.judge_model "
         "FROM rewards r JOIN judgements j ON j.id = r.judgement_id "
         "WHERE r.name = 'judge' AND r.status = 'linked' AND r.superseded_at IS NULL"
     ).fetchall()
-    assert len(rewards) == 9 and {r[0] for r in rewards} == set(ids) | set(large)
+    assert len(rewards) == 9 and {r[0] for r in rewards} == everyone
     assert all(r[2] == "judge" and r[5] == "judge-length" and r[3].startswith("length:") for r in rewards)
     assert all(0.0 <= r[1] <= 1.0 for r in rewards) and max(r[1] for r in rewards) == 1.0
 
     # The judge's calls went through the gateway: recorded under its own client trajectory ids,
     # and the prompt held the shared system prompt once.
-    wait_for(lambda: count_rows(db, "SELECT count(*) FROM calls WHERE model = 'judge-length'") == 3)
+    wait_for(lambda: count_rows(db, "SELECT count(*) FROM calls WHERE model = 'judge-length'") == judged)
     judge_calls = db.execute(
         "SELECT t.client_trajectory_id, c.request FROM calls c JOIN trajectories t ON t.id = c.trajectory_id "
         "WHERE c.model = 'judge-length'"
     ).fetchall()
     assert {c[0] for c in judge_calls} == {r["judge_trajectory"] for r in rows}
     assert all(c[0].startswith("apprentice-judge:") for c in judge_calls)
-    prompt = judge_calls[0][1]["messages"][1]["content"]
-    assert prompt.count(SYSTEM) == 1 and prompt.count("<attempt id=") == 3
-    assert judge_calls[0][1]["response_format"]["type"] == "json_schema"
+    for _, request in judge_calls:
+        prompt = request["messages"][1]["content"]
+        assert prompt.count(SYSTEM) == 1 and prompt.count("<attempt id=") >= 2
+        assert request["response_format"]["type"] == "json_schema"
 
     # Idempotent: more polls (two processes) judge nothing again.
-    judged_before = len(httpx.get(f"http://127.0.0.1:{fake_upstream.port}/_requests").json()["requests"])
     import time
 
     time.sleep(1.5)
-    assert len(_judgements(db, "agent")) == 3
+    assert len(_judgements(db, "agent")) == judged
     requests = httpx.get(f"http://127.0.0.1:{fake_upstream.port}/_requests").json()["requests"]
-    assert len([r for r in requests if r["model"] == "judge-length"]) == 3 == judged_before - 9
+    assert len([r for r in requests if r["model"] == "judge-length"]) == judged
 
     status = httpx.get(gateway.url + "/v1/admin/policies/agent/judge").json()
-    assert status["judgements"] == {"running": 0, "judged": 3, "failed": 0}
+    assert status["judgements"] == {"running": 0, "judged": judged, "failed": 0}
     assert status["judge"]["model"] == "judge-length" and status["reward_source"] == "webhook_else_judge"
-    assert status["budget"]["calls_used"] == 3 and status["budget"]["exhausted"] is False
+    assert status["budget"]["calls_used"] == judged and status["budget"]["exhausted"] is False
 
 
 FAULTS = {

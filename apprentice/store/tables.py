@@ -317,8 +317,9 @@ policy_state = Table(
 )
 
 # One LLM judging of one group (or one chunk of a large group) by one judge and rubric.
-# The unique key is what "never judged twice" means; a row is claimed as 'running' with a lease
-# (a process that dies leaves it to be claimed again after the lease), and ends 'judged' (its
+# The unique key (its members, judge and rubric) is what "never judged twice" means; a row is
+# claimed as 'running' with a lease (a process that dies leaves it to be claimed again after the
+# lease), and ends 'judged' (its
 # scores are rewards with source 'judge' and this judgement_id) or 'failed' with the reason.
 judgements = Table(
     "judgements",
@@ -329,6 +330,8 @@ judgements = Table(
     # The group within its tenant as the learner groups it: "group:<client id>" or "task:<hash>".
     Column("group_key", Text, nullable=False),
     Column("chunk", Integer, nullable=False, server_default="0"),
+    # md5 of the sorted trajectory ids: a group with new members is a new judgement.
+    Column("members_key", Text, nullable=False),
     Column("judge_model", Text, nullable=False),
     Column("rubric_hash", Text, nullable=False),
     Column("mode", Text, nullable=False),  # missing | always | manual
@@ -345,15 +348,9 @@ judgements = Table(
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("finished_at", DateTime(timezone=True)),
     CheckConstraint("status IN ('running', 'judged', 'failed')", name="ck_judgements_status"),
-    Index(
-        "uq_judgements_group",
-        "policy",
-        "tenant",
-        "group_key",
-        "chunk",
-        "judge_model",
-        "rubric_hash",
-        unique=True,
-    ),
+    # What "never judged twice" means: the same trajectories, judge and rubric (migration 0008).
+    Index("uq_judgements_members", "policy", "judge_model", "rubric_hash", "members_key", unique=True),
+    Index("ix_judgements_group", "policy", "tenant", "group_key"),
+    Index("ix_judgements_members", "trajectory_ids", postgresql_using="gin"),
     Index("ix_judgements_policy_started", "policy", "started_at"),
 )

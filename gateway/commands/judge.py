@@ -53,19 +53,13 @@ async def _judge_one(
         )
         claim = outcome.claims[0] if outcome.claims else None
     if claim is None:
-        for row in await store.judgement_of_group(
-            engine, policy.name, judge.model, digest, chunk.tenant, chunk.group_key
-        ):
-            if row["chunk"] == chunk.chunk:
-                scores = (row["answer"] or {}).get("scores", [])
-                _print_outcome(
-                    chunk,
-                    f"already {row['status']} at {row['finished_at'] or row['started_at']}",
-                    row["reason"],
-                    scores,
-                )
-                return row["status"] == "judged"
-        return False
+        row = await store.judgement_of_members(engine, policy.name, judge.model, digest, chunk.members_key)
+        if row is None:  # another process claimed it a moment ago and has not finished
+            return False
+        scores = (row["answer"] or {}).get("scores", [])
+        when = row["finished_at"] or row["started_at"]
+        _print_outcome(chunk, f"already {row['status']} at {when}", row["reason"], scores)
+        return bool(row["status"] == "judged")
     client = JudgeClient(settings, judge)
     try:
         result = await judge_chunk(

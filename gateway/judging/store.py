@@ -1,8 +1,11 @@
 """Judgements in PostgreSQL: which groups wait for the judge, claiming one, recording the outcome.
 
 Invariants:
-- A group chunk is judged at most once per (policy, tenant, group key, chunk, judge model,
-  rubric hash): `uq_judgements_group`. A claim inserts the row as 'running' with a lease;
+- The same trajectories are judged at most once per judge model and rubric
+  (`uq_judgements_members`: the md5 of the sorted ids). A group whose members changed (late
+  attempts, the same task run again) is judged again as a whole, once quiet for `wait_s`; its
+  members' newer scores replace the older ones (latest wins), so a group's current judge scores
+  always come from one judgement, on one scale. A claim inserts the row as 'running' with a lease;
   a row still 'running' after its lease (its process died) may be claimed again, nothing else.
 - Concurrency and the budget hold across every gateway process: a claim runs under a
   transaction-scoped advisory lock of the policy, counts the running claims and the last
@@ -16,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -46,14 +50,22 @@ LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
 WHERE t.policy = %(policy)s AND t.merged_into IS NULL AND t.trained_in_run_id IS NULL
   AND (t.client_trajectory_id IS NULL OR t.client_trajectory_id NOT LIKE 'apprentice-judge:%%')
   AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
+  AND t.last_call_at < now() - make_interval(secs => %(wait_s)s)
 ORDER BY t.first_call_at, t.id
 LIMIT %(limit)s
 """
 
+# Which of some trajectories this judge and rubric judged already (any outcome).
+_JUDGED_IDS = """
+SELECT DISTINCT m::text AS id FROM judgements j, unnest(j.trajectory_ids) AS m
+WHERE j.policy = %(policy)s AND j.judge_model = %(model)s AND j.rubric_hash = %(rubric_hash)s
+  AND j.trajectory_ids && %(ids)s::uuid[] AND m = ANY(%(ids)s::uuid[])
+"""
+
 _JUDGED_KEYS = """
-SELECT tenant, group_key, chunk FROM judgements
+SELECT members_key FROM judgements
 WHERE policy = %(policy)s AND judge_model = %(model)s AND rubric_hash = %(rubric_hash)s
-  AND group_key = ANY(%(keys)s::text[])
+  AND members_key = ANY(%(keys)s::text[])
 """
 
 _USAGE = """
@@ -66,11 +78,12 @@ WHERE policy = %(policy)s AND started_at >= now() - make_interval(secs => %(wind
 """
 
 _CLAIM = """
-INSERT INTO judgements AS j (id, policy, tenant, group_key, chunk, judge_model, rubric_hash, mode, status,
-                             trajectory_ids, judge_trajectory, lease_until)
-VALUES (%(id)s, %(policy)s, %(tenant)s, %(group_key)s, %(chunk)s, %(model)s, %(rubric_hash)s, %(mode)s, 'running',
+INSERT INTO judgements AS j (id, policy, tenant, group_key, chunk, members_key, judge_model, rubric_hash, mode,
+                             status, trajectory_ids, judge_trajectory, lease_until)
+VALUES (%(id)s, %(policy)s, %(tenant)s, %(group_key)s, %(chunk)s, %(members_key)s, %(model)s, %(rubric_hash)s,
+        %(mode)s, 'running',
         %(trajectory_ids)s::uuid[], %(judge_trajectory)s, now() + make_interval(secs => %(lease_s)s))
-ON CONFLICT (policy, tenant, group_key, chunk, judge_model, rubric_hash) DO UPDATE
+ON CONFLICT (policy, judge_model, rubric_hash, members_key) DO UPDATE
 SET id = excluded.id, trajectory_ids = excluded.trajectory_ids, judge_trajectory = excluded.judge_trajectory,
     lease_until = excluded.lease_until, started_at = now(), attempts = 0, prompt_tokens = 0, completion_tokens = 0
 WHERE j.status = 'running' AND j.lease_until < now()
@@ -92,6 +105,11 @@ class GroupChunk:
     group_key: str
     chunk: int
     trajectory_ids: list[str]
+
+    @property
+    def members_key(self) -> str:
+        """md5 of the sorted ids, as migration 0008 computes it: the judgement's identity."""
+        return hashlib.md5(",".join(sorted(self.trajectory_ids)).encode(), usedforsecurity=False).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,21 +167,34 @@ def split_chunks(ids: Sequence[str], max_size: int) -> list[list[str]]:
 
 
 def groups_to_judge(
-    rows: Sequence[dict[str, Any]], *, now: float, wait_s: float, mode: str, max_group_size: int
+    rows: Sequence[dict[str, Any]], judged: set[str], *, mode: str, max_group_size: int
 ) -> list[GroupChunk]:
-    """Candidate trajectories -> the chunks that are ready: the whole group quiet for wait_s, of
-    two members or more, and (mode "missing") some member without a webhook reward."""
+    """Quiet candidate trajectories -> the chunks to judge now.
+
+    Per group (apprentice/grouping.py): the members this judge has not judged yet are judged
+    together, two or more at a time; a lone new member is judged with up to
+    max_group_size - 1 members judged before, as anchors (they are scored again, and their newer
+    scores replace the older ones). In mode "missing" a group whose members all have a webhook
+    reward is left alone. Judging as members become quiet, rather than once a whole group is,
+    keeps a task that recurs under continuous traffic from never being judged.
+    """
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         key = group_name(row["group_id"], task_key(row["messages"] or [], row["tools"]))
         groups.setdefault((row["tenant"], key), []).append(row)
     ready = []
     for (tenant, key), members in groups.items():
-        if len(members) < 2 or now - max(m["last_call_at"] for m in members) < wait_s:
-            continue
         if mode == "missing" and all(m["has_webhook"] for m in members):
             continue
-        for index, chunk in enumerate(split_chunks([m["id"] for m in members], max_group_size)):
+        new = [m["id"] for m in members if m["id"] not in judged]
+        if not new:
+            continue
+        if len(new) == 1:
+            anchors = [m["id"] for m in members if m["id"] in judged][-(max_group_size - 1) :]
+            new = [*anchors, *new]
+        if len(new) < 2:
+            continue
+        for index, chunk in enumerate(split_chunks(new, max_group_size)):
             ready.append(GroupChunk(tenant, key, index, chunk))
     return ready
 
@@ -195,35 +226,28 @@ async def find_ready_groups(
 ) -> list[GroupChunk]:
     """The group chunks of a policy that are ready and not yet judged by this judge and rubric."""
     async with _Cursor(engine) as cursor:
-        await cursor.execute("SELECT extract(epoch FROM now())::float8 AS now")
-        clock = await cursor.fetchone()
-        assert clock is not None
         await cursor.execute(
             _CANDIDATES,
             {
                 "policy": policy.name,
                 "webhook_name": policy.learning.reward_name,
                 "max_age_s": policy.learning.max_age_s,
+                "wait_s": policy.judge_wait_s,
                 "limit": SCAN_LIMIT,
             },
         )
         rows = await cursor.fetchall()
-        ready = groups_to_judge(
-            rows, now=clock["now"], wait_s=policy.judge_wait_s, mode=judge.mode, max_group_size=judge.max_group_size
-        )
+        if not rows:
+            return []
+        scope = {"policy": policy.name, "model": judge.model, "rubric_hash": rubric_hash}
+        await cursor.execute(_JUDGED_IDS, {**scope, "ids": [r["id"] for r in rows]})
+        judged = {r["id"] for r in await cursor.fetchall()}
+        ready = groups_to_judge(rows, judged, mode=judge.mode, max_group_size=judge.max_group_size)
         if not ready:
             return []
-        await cursor.execute(
-            _JUDGED_KEYS,
-            {
-                "policy": policy.name,
-                "model": judge.model,
-                "rubric_hash": rubric_hash,
-                "keys": sorted({g.group_key for g in ready}),
-            },
-        )
-        done = {(r["tenant"], r["group_key"], r["chunk"]) for r in await cursor.fetchall()}
-    return [g for g in ready if (g.tenant, g.group_key, g.chunk) not in done]
+        await cursor.execute(_JUDGED_KEYS, {**scope, "keys": sorted({g.members_key for g in ready})})
+        done = {r["members_key"] for r in await cursor.fetchall()}
+    return [g for g in ready if g.members_key not in done]
 
 
 async def _usage(cursor: psycopg.AsyncCursor[dict[str, Any]], policy: str, judge: JudgeSettings) -> Usage:
@@ -280,6 +304,7 @@ async def claim(
                     "tenant": group.tenant,
                     "group_key": group.group_key,
                     "chunk": group.chunk,
+                    "members_key": group.members_key,
                     "model": judge.model,
                     "rubric_hash": rubric_hash,
                     "mode": mode,
@@ -364,17 +389,16 @@ async def finish(
         )
 
 
-async def judgement_of_group(
-    engine: AsyncEngine, policy: str, judge_model: str, rubric_hash: str, tenant: str, group_key: str
-) -> list[dict[str, Any]]:
-    """The judgements of one group by one judge and rubric (every chunk), with their scores."""
+async def judgement_of_members(
+    engine: AsyncEngine, policy: str, judge_model: str, rubric_hash: str, members_key: str
+) -> dict[str, Any] | None:
+    """The judgement of exactly these trajectories by one judge and rubric, if there is one."""
     async with _Cursor(engine) as cursor:
         await cursor.execute(
-            "SELECT * FROM judgements WHERE policy = %s AND judge_model = %s AND rubric_hash = %s "
-            "AND tenant = %s AND group_key = %s ORDER BY chunk",
-            (policy, judge_model, rubric_hash, tenant, group_key),
+            "SELECT * FROM judgements WHERE policy = %s AND judge_model = %s AND rubric_hash = %s AND members_key = %s",
+            (policy, judge_model, rubric_hash, members_key),
         )
-        return list(await cursor.fetchall())
+        return await cursor.fetchone()
 
 
 _POLICY_TRAJECTORIES = """
