@@ -460,12 +460,13 @@ FROM bench_traj WHERE mod(n, {rejected_every}) = 3
         """
 INSERT INTO judgements (id, policy, tenant, group_key, chunk, judge_model, rubric_hash, mode, status, reason,
   trajectory_ids, attempts, prompt_tokens, completion_tokens, judge_trajectory, answer, lease_until, started_at,
-  finished_at)
+  finished_at, members_key)
 SELECT md5('j-' || b)::uuid, 'sql-agent', min(tenant), 'group:sql-' || b, 0, 'gpt-4o', 'rubric-3f9a2c', 'missing',
   'judged', NULL, array_agg(id ORDER BY n), 1, 2400, 380, 'judge-sql-' || b,
   jsonb_build_object('ranking', jsonb_build_array(1, 2, 3, 4), 'explanation',
     'The first query answers the question with the right grouping; the others miss the date filter.'),
-  NULL, max(last_call_at) + interval '4 minutes', max(last_call_at) + interval '5 minutes'
+  NULL, max(last_call_at) + interval '4 minutes', max(last_call_at) + interval '5 minutes',
+  md5(array_to_string(array_agg(id::text ORDER BY id::text), ','))
 FROM bench_traj WHERE policy = 'sql-agent' AND mod(b, 2) = 0
 GROUP BY b
 """,

@@ -221,7 +221,8 @@ def _judgement(db, policy: str, model: str, rubric: str, judged_at: datetime, tr
     judgement = uuid.uuid4()
     db.execute(
         "INSERT INTO judgements (id, policy, tenant, group_key, judge_model, rubric_hash, mode, status, "
-        "trajectory_ids, started_at, finished_at) VALUES (%s, %s, 'default', %s, %s, %s, 'always', %s, %s, %s, %s)",
+        "trajectory_ids, started_at, finished_at, members_key) "
+        "VALUES (%s, %s, 'default', %s, %s, %s, 'always', %s, %s, %s, %s, md5(%s::text))",
         (
             judgement,
             policy,
@@ -232,6 +233,7 @@ def _judgement(db, policy: str, model: str, rubric: str, judged_at: datetime, tr
             list(trajectories),
             judged_at - timedelta(minutes=1),
             None if running else judged_at,
+            judgement,
         ),
     )
     return judgement

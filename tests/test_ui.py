@@ -255,8 +255,9 @@ def test_a_judge_score_shows_its_explanation(gateway, ui, db):
     judgement = uuid.uuid4()
     db.execute(
         "INSERT INTO judgements (id, policy, tenant, group_key, judge_model, rubric_hash, mode, status, "
-        "trajectory_ids) VALUES (%s, 'agent', 'acme', 'group:g', 'judge-model', 'abc123', 'missing', 'judged', %s)",
-        (judgement, [trajectory]),
+        "trajectory_ids, members_key) "
+        "VALUES (%s, 'agent', 'acme', 'group:g', 'judge-model', 'abc123', 'missing', 'judged', %s, md5(%s::text))",
+        (judgement, [trajectory], judgement),
     )
     db.execute(
         "INSERT INTO rewards (id, tenant, target_kind, target, trajectory_id, status, name, value, comment, "
