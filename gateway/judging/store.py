@@ -2,10 +2,10 @@
 
 Invariants:
 - The same trajectories are judged at most once per judge model and rubric
-  (`uq_judgements_members`: the md5 of the sorted ids). A group whose members changed (late
-  attempts, the same task run again) is judged again as a whole, once quiet for `wait_s`; its
-  members' newer scores replace the older ones (latest wins), so a group's current judge scores
-  always come from one judgement, on one scale. A claim inserts the row as 'running' with a lease;
+  (`uq_judgements_members`: the md5 of the sorted ids). A group with new quiet members (late
+  attempts, the same task run again) is judged again as a whole; its members' newer scores
+  replace the older ones (latest wins), so a group's current judge scores always come from one
+  judgement, on one scale. A claim inserts the row as 'running' with a lease;
   a row still 'running' after its lease (its process died) may be claimed again, nothing else.
 - Concurrency and the budget hold across every gateway process: a claim runs under a
   transaction-scoped advisory lock of the policy, counts the running claims and the last
@@ -171,12 +171,13 @@ def groups_to_judge(
 ) -> list[GroupChunk]:
     """Quiet candidate trajectories -> the chunks to judge now.
 
-    Per group (apprentice/grouping.py): the members this judge has not judged yet are judged
-    together, two or more at a time; a lone new member is judged with up to
-    max_group_size - 1 members judged before, as anchors (they are scored again, and their newer
-    scores replace the older ones). In mode "missing" a group whose members all have a webhook
-    reward is left alone. Judging as members become quiet, rather than once a whole group is,
-    keeps a task that recurs under continuous traffic from never being judged.
+    Per group (apprentice/grouping.py): when some member is new to this judge, the group's
+    untrained quiet members are judged again as a whole (in balanced chunks of at most
+    max_group_size), so a group's current judge scores always come from one judgement, on one
+    scale (the newer scores replace the older ones); the learner trains the members of each
+    judgement as one GRPO group. Judging as members become quiet, rather than waiting for a whole
+    group to be, keeps a task that recurs under continuous traffic from never being judged. In
+    mode "missing" a group whose members all have a webhook reward is left alone.
     """
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
@@ -184,17 +185,11 @@ def groups_to_judge(
         groups.setdefault((row["tenant"], key), []).append(row)
     ready = []
     for (tenant, key), members in groups.items():
+        if len(members) < 2 or all(m["id"] in judged for m in members):
+            continue
         if mode == "missing" and all(m["has_webhook"] for m in members):
             continue
-        new = [m["id"] for m in members if m["id"] not in judged]
-        if not new:
-            continue
-        if len(new) == 1:
-            anchors = [m["id"] for m in members if m["id"] in judged][-(max_group_size - 1) :]
-            new = [*anchors, *new]
-        if len(new) < 2:
-            continue
-        for index, chunk in enumerate(split_chunks(new, max_group_size)):
+        for index, chunk in enumerate(split_chunks([m["id"] for m in members], max_group_size)):
             ready.append(GroupChunk(tenant, key, index, chunk))
     return ready
 

@@ -18,10 +18,10 @@
    be counted, and its scores (if any) stored as judge rewards; a learner run never reads the
    judge's own trajectories, even when a client rewards them as a group.
 
-3. A bug of the judge's grouping, shown by two strict xfails (fast, against the fake upstream):
-   members found quiet at different polls are judged apart, so a group's scores come from
-   several judgements; both tests above hold the judge until their calls are recorded
-   (JudgeHold) so that it sees whole groups.
+3. The judge's grouping (fast, against the fake upstream): members found quiet at different
+   polls (late attempts, slow calls) end up scored by one judgement of the whole group, so the
+   learner trains them as one GRPO group. Both tests above also hold the judge until their
+   calls are recorded (JudgeHold), so that each round costs one judgement per group.
 """
 
 from __future__ import annotations
@@ -486,16 +486,10 @@ def test_the_local_model_judges_its_own_groups_through_the_gateway(
 
 
 # ---- the judge's grouping: a group's current judge scores come from one judgement ---------------
-# docs/judge.md ("How a group is judged") and migration 0008 say so: a group with new members is
-# judged again as a whole, and its members' newer scores replace the older ones. The learner
-# relies on it: judge-scored members train in one GRPO group per judgement (e0adf91), so a group
-# whose scores come from several judgements trains as several smaller groups, each dropped as
-# too_small below learning.min_group_size.
-FRAGMENTED = (
-    "BUG gateway/judging/store.py groups_to_judge: only a lone new member is judged with anchors from "
-    "its group; two or more new members are judged apart, so the group's current judge scores come "
-    "from several judgements (docs/judge.md: 'always from one judgement')"
-)
+# docs/judge.md ("How a group is judged") and migration 0008: a group with new members is judged
+# again as a whole, and its members' newer scores replace the older ones. The learner relies on
+# it: judge-scored members train in one GRPO group per judgement, so scores from several
+# judgements would train as several smaller groups, each dropped below learning.min_group_size.
 
 
 def _agent_gateway(start_gateway: Any, api: str) -> Any:
@@ -548,7 +542,6 @@ def _current_judgements(db: Any, ids: list[str]) -> set[str]:
     return {r[1] for r in scored() or rows}
 
 
-@pytest.mark.xfail(strict=True, reason=FRAGMENTED)
 def test_late_attempts_are_judged_with_their_group(start_gateway, fake_upstream, db):
     import openai
 
@@ -559,7 +552,6 @@ def test_late_attempts_are_judged_with_their_group(start_gateway, fake_upstream,
     assert len(_current_judgements(db, first + late)) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=FRAGMENTED + "; here for attempts sent together, split by their latency")
 def test_attempts_sent_together_are_judged_together(start_gateway, fake_upstream, db):
     """Readiness counts from each call's *arrival* (trajectories.last_call_at), and a call in
     flight is not in the database at all: the fast attempts are judged before the slow ones exist."""
