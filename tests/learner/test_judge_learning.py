@@ -417,6 +417,7 @@ def test_the_local_model_judges_its_own_groups_through_the_gateway(
             )
         for call in calls:
             print(f"  judge call status {call[3]} temperature {call[4]} answered {(call[5] or '')[:160]!r}")
+    assert calls and all(call[4] == 0.0 for call in calls), "judge calls keep the judge's temperature, not the policy's"
 
     # Each group was judged once (one chunk), and every judgement ended, counted.
     assert len(judgements) == groups and {frozenset(j["ids"]) for j in judgements} == {

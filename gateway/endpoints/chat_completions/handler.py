@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from apprentice.grouping import JUDGE_TRAJECTORY_PREFIX
 from gateway import metrics
 from gateway.auth.keys import KeyInfo
 from gateway.endpoints.chat_completions.assembly import assemble_completion, parse_sse_events
@@ -99,7 +100,10 @@ class CallContext:
         self.request = request
         self.plan = plan
         self.assignment = assignment
-        self.temperature: float | None = plan.policy.temperature if plan.policy else None
+        # A policy's temperature is for its own runs (GRPO needs variety); the LLM judge's calls to a
+        # policy keep the judge's own (they are never trained on, see gateway/judging).
+        judging = (assignment.client_trajectory_id or "").startswith(JUDGE_TRAJECTORY_PREFIX)
+        self.temperature: float | None = plan.policy.temperature if plan.policy and not judging else None
         # Fields the gateway sets on the forwarded body, and what it must strip from the answer.
         self.overrides: dict[str, Any] = {}
         self.capture: TokenCapture | None = None
