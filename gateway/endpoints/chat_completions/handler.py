@@ -272,7 +272,7 @@ class ChatCompletionsEndpoint:
         record, keys = call.record(status, response, error)
         self.state.record(record)
         if status == 200:
-            call.wire.recorded(response)
+            call.wire.recorded(response, call.assignment.trajectory_id)
         trajectory = OpenTrajectory(call.assignment.trajectory_id, call.version.id if call.version else None)
         for key in keys:
             self.state.stitch_index.register(key, trajectory)

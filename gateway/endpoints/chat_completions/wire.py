@@ -13,6 +13,7 @@ Chat completions' own wire is the identity: the upstream's bytes reach the clien
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -39,7 +40,7 @@ class Wire:
     def native_response(self, response: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
 
-    def recorded(self, response: dict[str, Any] | None) -> None:
+    def recorded(self, response: dict[str, Any] | None, trajectory_id: uuid.UUID) -> None:
         """Called once the call is journaled (e.g. to remember a conversation for the next call)."""
 
 

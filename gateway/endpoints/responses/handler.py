@@ -142,7 +142,7 @@ class ResponsesEndpoint:
         if previous_id is not None:
             if not isinstance(previous_id, str) or not previous_id:
                 raise GatewayError(400, "previous_response_id must be a non-empty string", param="previous_response_id")
-            previous = await self.history.conversation(key.tenant, previous_id)
+            previous = await self.history.previous(key.tenant, previous_id)
             if previous is None:
                 raise GatewayError(
                     400,
@@ -150,7 +150,7 @@ class ResponsesEndpoint:
                     param="previous_response_id",
                     code="previous_response_not_found",
                 )
-        chat_body = to_chat_request(body, previous)
+        chat_body = to_chat_request(body, previous.conversation if previous else None)
         chat_body["model"] = body["model"]
         wire = ResponsesWire(
             body,
@@ -160,6 +160,10 @@ class ResponsesEndpoint:
             tenant=key.tenant,
             history=self.history,
         )
+        # The named previous response decides the trajectory (its id, issued to this tenant, is
+        # taken as it is), unless the client names its run itself.
+        if trajectory is None and previous is not None:
+            trajectory = str(previous.trajectory_id)
         return ChatRequest.translated(chat_body, trajectory, group), wire
 
     async def _forward(

@@ -16,7 +16,9 @@ A response of another tenant is never found: the lookup is keyed by tenant.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -30,27 +32,40 @@ STORE_WAIT_S = 3.0
 STORE_POLL_S = 0.1
 
 _STORED = """
-SELECT native_request, request, response FROM calls
-WHERE response_id = %(id)s AND tenant = %(tenant)s AND protocol = 'responses' AND status_code = 200
-  AND native_request IS NOT NULL
-ORDER BY created_at DESC LIMIT 1
+SELECT c.native_request, c.request, c.response, coalesce(t.merged_into, c.trajectory_id) AS trajectory_id
+FROM calls c LEFT JOIN trajectories t ON t.id = c.trajectory_id
+WHERE c.response_id = %(id)s AND c.tenant = %(tenant)s AND c.protocol = 'responses' AND c.status_code = 200
+  AND c.native_request IS NOT NULL
+ORDER BY c.created_at DESC LIMIT 1
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Previous:
+    """What a call naming a previous response continues: its conversation and its trajectory.
+
+    The trajectory is carried explicitly because the conversation alone does not always find it:
+    the previous call's instructions are not part of what continues (they apply to one call), so
+    a call with other instructions does not extend the previous call's messages."""
+
+    conversation: list[dict[str, Any]]
+    trajectory_id: uuid.UUID
 
 
 class ResponseHistory:
     def __init__(self, engine: AsyncEngine, max_entries: int = MAX_REMEMBERED) -> None:
         self.engine = engine
         self.max_entries = max_entries
-        self._conversations: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
+        self._conversations: OrderedDict[tuple[str, str], Previous] = OrderedDict()
 
-    def remember(self, tenant: str, response_id: str, conversation: list[dict[str, Any]]) -> None:
-        self._conversations[(tenant, response_id)] = conversation
+    def remember(self, tenant: str, response_id: str, previous: Previous) -> None:
+        self._conversations[(tenant, response_id)] = previous
         self._conversations.move_to_end((tenant, response_id))
         while len(self._conversations) > self.max_entries:
             self._conversations.popitem(last=False)
 
-    async def conversation(self, tenant: str, response_id: str) -> list[dict[str, Any]] | None:
-        """The chat messages a call continuing `response_id` starts with; None: no such response."""
+    async def previous(self, tenant: str, response_id: str) -> Previous | None:
+        """The conversation and trajectory a call continuing `response_id` continues; None: no such response."""
         known = self._conversations.get((tenant, response_id))
         if known is not None:
             return known
@@ -59,8 +74,9 @@ class ResponseHistory:
             row = await self._stored(tenant, response_id)
             if row is not None:
                 conversation = continued_messages(row["native_request"], row["request"], row["response"])
-                self.remember(tenant, response_id, conversation)
-                return conversation
+                found = Previous(conversation, row["trajectory_id"])
+                self.remember(tenant, response_id, found)
+                return found
             if asyncio.get_running_loop().time() >= deadline:
                 return None
             await asyncio.sleep(STORE_POLL_S)

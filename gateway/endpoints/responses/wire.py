@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import orjson
 
 from gateway.endpoints.chat_completions.wire import TranslatingWire
-from gateway.endpoints.responses.history import ResponseHistory
+from gateway.endpoints.responses.history import Previous, ResponseHistory
 from gateway.endpoints.responses.stream import ResponsesStream
 from gateway.endpoints.responses.translate import continued_messages, to_response
 
@@ -45,9 +46,10 @@ class ResponsesWire(TranslatingWire):
     def native_response(self, response: dict[str, Any] | None) -> dict[str, Any] | None:
         return self._response(response) if response else None
 
-    def recorded(self, response: dict[str, Any] | None) -> None:
+    def recorded(self, response: dict[str, Any] | None, trajectory_id: uuid.UUID) -> None:
         if response:
-            self.history.remember(self.tenant, self.id, continued_messages(self.body, self.chat_request, response))
+            conversation = continued_messages(self.body, self.chat_request, response)
+            self.history.remember(self.tenant, self.id, Previous(conversation, trajectory_id))
 
     def complete(self, response: dict[str, Any]) -> bytes:
         return orjson.dumps(self._response(response))
