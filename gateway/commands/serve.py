@@ -16,6 +16,11 @@ from apprentice.settings import Settings
 from apprentice.store.schema import SchemaOutOfDate, check_schema
 
 GRACEFUL_SHUTDOWN_S = 30
+# Idle keep-alive connections are kept this long (uvicorn's default is 5 s). A server that closes
+# an idle connection while a client (or a load balancer, whose idle timeouts are typically 60 s)
+# sends a new request on it makes that request fail with a connection reset; keeping connections
+# longer than the clients in front of it is the usual rule.
+KEEP_ALIVE_S = 75
 
 
 class UvicornOptions(TypedDict):
@@ -28,6 +33,7 @@ class UvicornOptions(TypedDict):
     access_log: bool
     log_level: str
     timeout_graceful_shutdown: int
+    timeout_keep_alive: int
     lifespan: Literal["auto", "on", "off"]
     server_header: bool
     date_header: bool
@@ -104,6 +110,7 @@ def serve(
         access_log=False,
         log_level=settings.log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
         lifespan="on",
         server_header=False,
         date_header=False,
