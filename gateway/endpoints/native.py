@@ -32,7 +32,7 @@ import orjson
 from gateway import metrics
 from gateway.auth.keys import KeyInfo
 from gateway.endpoints.chat_completions.sse import EVENT_END
-from gateway.http.asgi import JSON_HEADERS, SSE_HEADERS, Send, send_response
+from gateway.http.asgi import JSON_HEADERS, SSE_HEADERS, Scope, Send, send_response
 from gateway.http.errors import GatewayError
 from gateway.state import GatewayState
 from gateway.trajectories.stitching import (
@@ -46,8 +46,8 @@ from gateway.trajectories.stitching import (
     request_keys,
     trajectory_id_for_client,
 )
-from gateway.upstreams.direct import RETRYABLE_STATUS, post_with_retries
-from gateway.upstreams.routing import UpstreamTarget
+from gateway.upstreams.direct import RETRYABLE_STATUS, attempt_order, post_with_retries
+from gateway.upstreams.routing import RoutePlan, UpstreamTarget
 
 
 class NativeProtocol(ABC):
@@ -273,6 +273,47 @@ async def forward(
     call.finish(200, protocol.answer_from_events(sse_payloads(b"".join(received))), error)
     await send({"type": "http.response.body", "body": holdback.finish(), "more_body": False})
     return 200
+
+
+async def forward_request(
+    state: GatewayState,
+    protocol: NativeProtocol,
+    key: KeyInfo,
+    body: dict[str, Any],
+    raw: bytes,
+    plan: RoutePlan,
+    scope: Scope,
+    send: Send,
+    *,
+    client_trajectory_id: str | None,
+    group_id: str | None,
+    started: float,
+    created_at: float,
+) -> None:
+    """One request of `protocol` to the deployments of `plan` that speak it: forwarded, relayed,
+    recorded and counted (the handlers of both protocols call this)."""
+    call = NativeCall(
+        state,
+        protocol,
+        key,
+        body,
+        model=body["model"],
+        client_trajectory_id=client_trajectory_id,
+        group_id=group_id,
+        started=started,
+        created_at=created_at,
+    )
+    order = attempt_order(plan.targets, plan.primary_count, state.settings.router_settings.num_retries)
+    targets = [target for target in order if protocol.name in target.protocols]
+    client_headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    status = 500
+    try:
+        status = await forward(state, protocol, call, targets, raw, client_headers, send)
+    finally:
+        metrics.REQUESTS.labels(protocol.name, metrics.status_class(status)).inc()
+        metrics.LATENCY.labels(protocol.name, "true" if body.get("stream") else "false").observe(
+            time.perf_counter() - started
+        )
 
 
 def _native(target: UpstreamTarget, protocol: NativeProtocol, client_headers: dict[str, str]) -> UpstreamTarget:

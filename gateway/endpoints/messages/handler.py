@@ -30,12 +30,11 @@ from gateway.endpoints.chat_completions.request import ChatRequest
 from gateway.endpoints.messages.errors import MessagesError, error_body
 from gateway.endpoints.messages.translate import count_tokens_text, estimate_tokens, to_chat_request
 from gateway.endpoints.messages.wire import MessagesWire
-from gateway.endpoints.native import NativeCall, NativeProtocol, forward
+from gateway.endpoints.native import NativeProtocol, forward_request
 from gateway.http.asgi import JSON_HEADERS, Receive, Scope, Send, header, read_body, send_response
 from gateway.http.errors import GatewayError
 from gateway.state import GatewayState
 from gateway.trajectories.stitching import MessageKeys, continuation_keys, request_keys, uuid7
-from gateway.upstreams.direct import attempt_order
 from gateway.upstreams.routing import RoutePlan, UpstreamTarget
 
 PROTOCOL = "messages"
@@ -161,7 +160,20 @@ class MessagesEndpoint:
             key, raw, body, plan = await self._accept(scope, receive)
             trajectory, group = header(scope, b"x-trajectory-id"), header(scope, b"x-group-id")
             if speaks_messages(plan):
-                await self._forward(scope, key, body, raw, plan, send, started, created_at, trajectory, group)
+                await forward_request(
+                    self.state,
+                    NATIVE,
+                    key,
+                    body,
+                    raw,
+                    plan,
+                    scope,
+                    send,
+                    client_trajectory_id=trajectory,
+                    group_id=group,
+                    started=started,
+                    created_at=created_at,
+                )
                 return
             chat_body = to_chat_request(body)
             chat_body["model"] = body["model"]
@@ -225,39 +237,3 @@ class MessagesEndpoint:
                 return response.status, await response.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise GatewayError(502, f"upstream did not answer: {type(exc).__name__}: {exc}") from exc
-
-    async def _forward(
-        self,
-        scope: Scope,
-        key: KeyInfo,
-        body: dict[str, Any],
-        raw: bytes,
-        plan: RoutePlan,
-        send: Send,
-        started: float,
-        created_at: float,
-        trajectory: str | None,
-        group: str | None,
-    ) -> None:
-        call = NativeCall(
-            self.state,
-            NATIVE,
-            key,
-            body,
-            model=body["model"],
-            client_trajectory_id=trajectory,
-            group_id=group,
-            started=started,
-            created_at=created_at,
-        )
-        order = attempt_order(plan.targets, plan.primary_count, self.state.settings.router_settings.num_retries)
-        targets = [t for t in order if PROTOCOL in t.protocols]
-        client_headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        status = 500
-        try:
-            status = await forward(self.state, NATIVE, call, targets, raw, client_headers, send)
-        finally:
-            metrics.REQUESTS.labels(PROTOCOL, metrics.status_class(status)).inc()
-            metrics.LATENCY.labels(PROTOCOL, "true" if body.get("stream") else "false").observe(
-                time.perf_counter() - started
-            )

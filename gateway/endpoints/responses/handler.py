@@ -21,13 +21,7 @@ from gateway import metrics
 from gateway.auth.keys import KeyInfo
 from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
 from gateway.endpoints.chat_completions.request import ChatRequest
-from gateway.endpoints.native import (
-    NativeCall,
-    NativeProtocol,
-    chain_keys,
-    forward,
-    response_chain_key,
-)
+from gateway.endpoints.native import NativeProtocol, chain_keys, forward_request, response_chain_key
 from gateway.endpoints.responses.history import ResponseHistory
 from gateway.endpoints.responses.translate import to_chat_request
 from gateway.endpoints.responses.wire import ResponsesWire
@@ -35,7 +29,6 @@ from gateway.http.asgi import Receive, Scope, Send, header, read_body, send_erro
 from gateway.http.errors import GatewayError
 from gateway.state import GatewayState
 from gateway.trajectories.stitching import MessageKeys, uuid7
-from gateway.upstreams.direct import attempt_order
 from gateway.upstreams.routing import RoutePlan, UpstreamTarget
 
 PROTOCOL = "responses"
@@ -123,7 +116,20 @@ class ResponsesEndpoint:
             trajectory = header(scope, b"x-trajectory-id")
             group = header(scope, b"x-group-id")
             if speaks_responses(plan):
-                await self._forward(scope, key, body, raw, plan, send, started, created_at, trajectory, group)
+                await forward_request(
+                    self.state,
+                    NATIVE,
+                    key,
+                    body,
+                    raw,
+                    plan,
+                    scope,
+                    send,
+                    client_trajectory_id=trajectory,
+                    group_id=group,
+                    started=started,
+                    created_at=created_at,
+                )
                 return
             request, wire = await self._translate(key, body, created_at, trajectory, group)
         except GatewayError as error:
@@ -165,39 +171,3 @@ class ResponsesEndpoint:
         if trajectory is None and previous is not None:
             trajectory = str(previous.trajectory_id)
         return ChatRequest.translated(chat_body, trajectory, group), wire
-
-    async def _forward(
-        self,
-        scope: Scope,
-        key: KeyInfo,
-        body: dict[str, Any],
-        raw: bytes,
-        plan: RoutePlan,
-        send: Send,
-        started: float,
-        created_at: float,
-        trajectory: str | None,
-        group: str | None,
-    ) -> None:
-        call = NativeCall(
-            self.state,
-            NATIVE,
-            key,
-            body,
-            model=body["model"],
-            client_trajectory_id=trajectory,
-            group_id=group,
-            started=started,
-            created_at=created_at,
-        )
-        order = attempt_order(plan.targets, plan.primary_count, self.state.settings.router_settings.num_retries)
-        targets = [t for t in order if PROTOCOL in t.protocols]
-        client_headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        status = 500
-        try:
-            status = await forward(self.state, NATIVE, call, targets, raw, client_headers, send)
-        finally:
-            metrics.REQUESTS.labels(PROTOCOL, metrics.status_class(status)).inc()
-            metrics.LATENCY.labels(PROTOCOL, "true" if body.get("stream") else "false").observe(
-                time.perf_counter() - started
-            )
