@@ -67,7 +67,8 @@ def _optional_name(value: Any, field: str) -> str | None:
     raise GatewayError(400, f"{field} must be a non-empty string", param=field)
 
 
-def parse_chat_request(raw: bytes, header_trajectory: str | None, header_group: str | None) -> ChatRequest:
+def parse_model_request(raw: bytes) -> dict[str, Any]:
+    """A JSON object naming a model (any OpenAI endpoint's body), or a 400 in OpenAI's error format."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -86,6 +87,12 @@ def parse_chat_request(raw: bytes, header_trajectory: str | None, header_group: 
             param="model",
             code="missing_required_parameter" if model is None else "invalid_type",
         )
+    return body
+
+
+def parse_chat_request(raw: bytes, header_trajectory: str | None, header_group: str | None) -> ChatRequest:
+    body = parse_model_request(raw)
+    model = body["model"]
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise GatewayError(

@@ -15,12 +15,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
-
 from gateway import metrics
 from gateway.auth.keys import KeyInfo
 from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
-from gateway.endpoints.chat_completions.request import ChatRequest
+from gateway.endpoints.chat_completions.request import ChatRequest, parse_model_request
 from gateway.endpoints.native import NativeProtocol, chain_keys, forward_request, response_chain_key
 from gateway.endpoints.responses.history import ResponseHistory
 from gateway.endpoints.responses.translate import to_chat_request
@@ -33,29 +31,6 @@ from gateway.upstreams.routing import RoutePlan, UpstreamTarget
 
 PROTOCOL = "responses"
 PASSED_HEADERS = ("openai-organization", "openai-project", "openai-beta")
-
-
-def parse_body(raw: bytes) -> dict[str, Any]:
-    """The request object with a model name, or a 400 in OpenAI's error format."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise GatewayError(
-            400,
-            f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object.",
-            code="invalid_json",
-        ) from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise GatewayError(
-            400,
-            "you must provide a model parameter (a non-empty string)",
-            param="model",
-            code="missing_required_parameter" if model is None else "invalid_type",
-        )
-    return body
 
 
 class ResponsesNative(NativeProtocol):
@@ -111,7 +86,7 @@ class ResponsesEndpoint:
         try:
             key = await self.state.authenticate(scope)
             raw = await read_body(receive, scope, self.limit)
-            body = parse_body(raw)
+            body = parse_model_request(raw)
             plan = self.chat.plan(body["model"])
             trajectory = header(scope, b"x-trajectory-id")
             group = header(scope, b"x-group-id")
