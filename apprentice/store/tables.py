@@ -43,6 +43,23 @@ api_keys = Table(
     Column("key_prefix", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("revoked_at", DateTime(timezone=True)),
+    # 0009: the key's own rate limits and budget (RateLimits fields; absent: the configured default).
+    Column("limits", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+)
+
+# 0010: each gateway process's current rate-limit window counts, exchanged about every second so
+# that every process decides from the sum (gateway/limits/sync.py). Small: old windows are deleted.
+limit_counters = Table(
+    "limit_counters",
+    metadata,
+    Column("process_id", Text, primary_key=True),
+    Column("scope", Text, primary_key=True),  # "key:<id>" or "tenant:<name>"
+    Column("window_s", Integer, primary_key=True),
+    Column("window_index", BigInteger, primary_key=True),  # floor(epoch seconds / window_s)
+    Column("requests", BigInteger, nullable=False, server_default="0"),
+    Column("tokens", BigInteger, nullable=False, server_default="0"),
+    Column("spend_usd", Double, nullable=False, server_default="0"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
 trajectories = Table(
@@ -245,6 +262,8 @@ training_runs = Table(
     Column("policy", Text, nullable=False),
     Column("status", Text, nullable=False, server_default="running"),  # running|succeeded|failed|aborted|skipped
     Column("trigger", Text, nullable=False, server_default="manual"),
+    # "rl": GRPO on the policy's own samples; "sft": distillation from a teacher (migration 0010)
+    Column("kind", Text, nullable=False, server_default="rl"),
     Column("host", Text),
     Column("pid", Integer),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
