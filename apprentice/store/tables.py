@@ -47,7 +47,7 @@ api_keys = Table(
     Column("limits", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
 )
 
-# 0010: each gateway process's current rate-limit window counts, exchanged about every second so
+# 0011: each gateway process's current rate-limit window counts, exchanged about every second so
 # that every process decides from the sum (gateway/limits/sync.py). Small: old windows are deleted.
 limit_counters = Table(
     "limit_counters",

@@ -7,8 +7,8 @@ passed are deleted by the same step, so the table stays a few rows per active ke
 Logged like any table: a day's spend must survive a restart of PostgreSQL (and a restarted
 gateway process finds its earlier counts here, under its old process id, as another's).
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010 (training_runs.kind)
 Create Date: 2026-12-01
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
-down_revision = "0009"
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
