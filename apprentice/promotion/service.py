@@ -76,6 +76,7 @@ __all__ = [
     "VersionNotFound",
     "approve",
     "check_gates",
+    "database_now",
     "evaluate_canary",
     "list_policies",
     "list_versions",
@@ -118,6 +119,18 @@ class TickReport:
 
 def _now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+async def database_now(engine: AsyncEngine) -> datetime:
+    """The database server's clock (`clock_timestamp()`, not the transaction's start).
+
+    Why: every time the promotion job compares with -- a transition's `created_at`, a canary's
+    start, the unload grace, retention -- was written by the database's `now()`. Comparing them
+    with this process's clock mixes two clocks: a learner host whose clock lags the database's
+    by more than the grace never unloads a version that stopped serving (and one that runs ahead
+    unloads it early). One clock, the database's, makes the grace mean what it says."""
+    async with engine.connect() as connection:
+        return (await connection.execute(text("SELECT clock_timestamp()"))).scalar_one()
 
 
 def policy_settings(settings: Settings, name: str) -> PolicySettings:
@@ -471,6 +484,10 @@ async def promotion_tick(
     handled by one of them at a time (advisory lock), and every transition is a locked,
     idempotent transaction anyway. Returns what it did (`TickReport.actions`) and what
     failed (`TickReport.errors`); it raises only for programming errors.
+
+    `now` is a time on the database's clock (the default: `database_now`), the clock that
+    wrote every timestamp the job compares with; a test that wants to be past a grace period
+    passes `database_now(engine) + grace`.
     """
     report = TickReport()
     own = client is None
@@ -480,7 +497,7 @@ async def promotion_tick(
             if policies is not None and policy.name not in policies:
                 continue
             try:
-                await _tick_policy_once(engine, settings, policy, report, client, now or _now())
+                await _tick_policy_once(engine, settings, policy, report, client, now or await database_now(engine))
             except Exception as exc:  # one policy's trouble must not stop the others
                 log.exception("promotion tick failed for policy %s", policy.name)
                 report.errors.append(f"{policy.name}: {type(exc).__name__}: {exc}")
@@ -699,11 +716,12 @@ async def reconcile(
     now: datetime | None = None,
 ) -> TickReport:
     """Load serving versions where an endpoint lost them; unload the others (retired, rejected,
-    superseded canaries) after the grace."""
+    superseded canaries) after the grace. `now` is on the database's clock (`database_now`):
+    the grace is measured from transitions the database time-stamped."""
     report = report or TickReport()
     if not policy.endpoints:
         return report
-    now = now or _now()
+    now = now or await database_now(engine)
     api_key = resolve_secret(policy.api_key)
     async with engine.connect() as connection:
         # every status: a canary the lineage moved past is a candidate again, loaded until the grace ends
