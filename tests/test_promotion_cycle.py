@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -370,7 +370,9 @@ def test_full_cycle(start_gateway, local_server, tiny, db, database_url, tmp_pat
     assert httpx.post(f"{local_server.api_base}/unload_lora_adapter", json={"lora_name": "agent-v1"}).status_code == 200
     tick(database_url, policy)
     assert {"agent-v1", "agent-v2", "agent-v3"} <= set(local_server.models())
-    tick(database_url, policy, now=datetime.now(timezone.utc) + timedelta(seconds=60))
+    # Past the grace on the database's clock, which time-stamped the transitions (not this process's).
+    database_clock = db.execute("SELECT clock_timestamp()").fetchone()[0]
+    tick(database_url, policy, now=database_clock + timedelta(seconds=60))
     assert {m for m in local_server.models() if m.startswith("agent-")} == {"agent-v1"}
 
 
