@@ -326,6 +326,56 @@ class JudgeSettings(BaseModel):
     poll_interval_s: float = Field(default=10.0, gt=0)
 
 
+class DistillationSettings(BaseModel):
+    """Which of a teacher's rewarded trajectories a distillation (SFT) run trains on, and how.
+
+    Selection (docs/distillation.md): `min_reward` keeps every trajectory whose reward is at
+    least that; `top_share` keeps the best ceil(share x n) of each group, and only those above
+    the group's lowest reward (a group whose answers all scored the same says nothing about
+    which is better). Both set: both apply; at least one must be set.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_reward: float | None = None
+    top_share: float | None = Field(default=0.5, gt=0, le=1)
+    # A distillation run starts only when at least this many selected trajectories wait.
+    min_trajectories: int = Field(default=32, ge=1)
+    # Supervised fine-tuning moves further per step than GRPO: its own rate and passes.
+    lr: float = Field(default=1e-4, gt=0)
+    epochs: int = Field(default=2, ge=1)
+    max_steps: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _some_selection(self) -> DistillationSettings:
+        if self.min_reward is None and self.top_share is None:
+            raise ValueError("distill: set min_reward, top_share or both (which teacher answers to learn)")
+        return self
+
+
+class TeacherSettings(BaseModel):
+    """A hosted model (a `model_list` entry) that serves a policy's traffic until the policy takes over.
+
+    While no version of the policy is promoted, the teacher answers the policy's calls (clients
+    keep calling the policy's name) except the canary's share; the learner distils its best
+    rewarded answers into the policy's LoRA (DistillationSettings). The canary then compares the
+    policy with the teacher; the policy takes over (is promoted) when its reward is not worse
+    than the teacher's by more than `takeover_margin` at the promotion's confidence, and, when
+    both prices are known, it costs at most `max_cost_ratio` of the teacher per call (and, when
+    set, its median latency is at most `max_latency_ratio` of the teacher's).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    # After takeover the teacher answers the calls the policy's endpoints fail (a fallback).
+    fallback: bool = True
+    takeover_margin: float = Field(default=0.05, ge=0)
+    max_cost_ratio: float | None = Field(default=1.0, gt=0)
+    max_latency_ratio: float | None = Field(default=None, gt=0)
+    distill: DistillationSettings = Field(default_factory=DistillationSettings)
+
+
 class PolicySettings(BaseModel):
     """A model name that clients call and Apprentice trains: a base model and its endpoints."""
 
@@ -352,6 +402,12 @@ class PolicySettings(BaseModel):
     promotion: PromotionSettings = Field(default_factory=PromotionSettings)
     # An LLM judge for groups without (or beside) webhook rewards; None: no judging.
     judge: JudgeSettings | None = None
+    # A hosted model that serves the policy's traffic until the policy takes over, and whose best
+    # rewarded answers the policy is distilled from (docs/distillation.md); None: no teacher.
+    teacher: TeacherSettings | None = None
+    # The policy's own prices, as LiteLLM's model_info names them (input_cost_per_token,
+    # output_cost_per_token): the takeover compares them with the teacher's. Empty: unknown.
+    model_info: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def reward_source(self) -> Literal["webhook", "judge", "webhook_else_judge"]:
@@ -555,6 +611,10 @@ class Settings(BaseSettings):
                 raise ConfigError(f"policy {policy.name!r} has no endpoints and no model_list entry of that name")
         for policy in self.policies:
             self._check_judge(policy, deployments | set(names))
+            if policy.teacher is not None and policy.teacher.model not in deployments:
+                raise ConfigError(
+                    f"policy {policy.name!r}: teacher.model {policy.teacher.model!r} is not a model_list entry"
+                )
         if self.default_upstream and self.default_upstream not in deployments:
             raise ConfigError(f"default_upstream {self.default_upstream!r} is not in model_list")
         return self

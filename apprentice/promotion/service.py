@@ -48,7 +48,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apprentice.promotion import evaluation as ev
-from apprentice.promotion import lifecycle, loading
+from apprentice.promotion import lifecycle, loading, takeover
 from apprentice.promotion.gates import FAIL, PASS, GateReport, evaluate_gates, json_number
 from apprentice.promotion.lifecycle import TransitionError, TransitionResult, VersionNotFound
 from apprentice.promotion.lineage import lineage_head, lineage_versions, promoted_version
@@ -446,6 +446,27 @@ async def evaluate_canary(
     decision = ev.decide_lineage(
         comparison, newest, mode=promotion.mode, elapsed_s=elapsed, timeout_s=promotion.timeout_s
     )
+    extra: dict[str, Any] = {}
+    if policy.teacher is not None and incumbent is None:
+        # Behind its teacher: the incumbent arm is the teacher's; the question is takeover (takeover.py).
+        async with engine.connect() as connection:
+            policy_calls, teacher_calls = await takeover.arm_calls(
+                connection, version.policy, policy.teacher.model, [v.id for v in lineage] + [version.id], since
+            )
+        verdict = takeover.decide_takeover(
+            comparison,
+            newest,
+            policy_calls,
+            teacher_calls,
+            teacher=policy.teacher,
+            teacher_price=takeover.teacher_prices(settings, policy.teacher),
+            policy_price=takeover.policy_prices(policy),
+            mode=promotion.mode,
+            elapsed_s=elapsed,
+            timeout_s=promotion.timeout_s,
+        )
+        decision = verdict.decision
+        extra["takeover"] = verdict.document
     document = {
         **comparison.as_json(),
         "verdict": comparison.verdict,
@@ -462,6 +483,7 @@ async def evaluate_canary(
         "incumbent_name": incumbent.name if incumbent else None,
         "reward_name": reward_name,
         "evaluated_at": now.isoformat(),
+        **extra,
     }
     return CanaryEvaluation(decision, {k: (json_number(v) if isinstance(v, float) else v) for k, v in document.items()})
 
@@ -637,6 +659,13 @@ class _PolicyPass:
         evaluation = await evaluate_canary(self.engine, self.settings, canary, self.now)
         await lifecycle.update_jsonb(self.engine, canary.id, "evaluation", evaluation.document)
         summary = evaluation.summary
+        teacher = evaluation.document.get("takeover")
+        if teacher is not None and evaluation.decision in (ev.PROMOTE, ev.REJECT, ev.TIMEOUT):
+            if evaluation.decision == ev.PROMOTE and not self.paused:
+                await self._promote(canary, teacher["reason"], summary)
+            elif evaluation.decision != ev.PROMOTE:
+                await self._reject_lineage(teacher["reason"])
+            return
         if evaluation.decision == ev.PROMOTE and not self.paused:
             await self._promote(canary, f"lineage significantly better: {summary}", summary)
         elif evaluation.decision == ev.REJECT and evaluation.document["verdict"] == ev.WORSE:

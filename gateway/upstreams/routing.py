@@ -2,6 +2,11 @@
 
 Deployments that share a `model_name` are rotated round-robin; LiteLLM-style fallbacks
 follow. A policy's calls go to its inference endpoints (vLLM or the local server).
+
+A policy that names a teacher (docs/distillation.md) is served by the teacher's deployments
+while none of its versions is promoted (`teacher_plan`; the handler decides per call, since
+the canary's share still goes to the policy's endpoints); after takeover the teacher follows
+the policy's own endpoints as a fallback when `teacher.fallback` is set.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class UpstreamTarget:
     native_api_base: str = ""
     # Set on a copy of the target made to forward a native protocol: its headers exactly.
     native_headers: dict[str, str] | None = None
+    # A policy's teacher (a hosted model): asked for its own model, never for an adapter.
+    teacher: bool = False
 
     def headers(self) -> dict[str, str]:
         if self.native_headers is not None:
@@ -49,6 +56,8 @@ class RoutePlan:
     policy: PolicySettings | None
     targets: list[UpstreamTarget]  # the model's own deployments first, then its fallbacks
     primary_count: int
+    # The policy's call goes to its teacher (no promoted version yet): no policy sampling settings.
+    teacher: bool = False
 
 
 class UnknownModel(LookupError):
@@ -134,7 +143,24 @@ class Router:
         for fallback in self.settings.router_settings.fallbacks_for(model):
             if fallback in self._deployments:
                 targets.extend(self._rotated(fallback))
-        return RoutePlan(model=model, policy=self._policies.get(model), targets=targets, primary_count=primary_count)
+        policy = self._policies.get(model)
+        if policy is not None and policy.teacher is not None and policy.teacher.fallback:
+            targets.extend(self._teacher_targets(policy.teacher.model))
+        return RoutePlan(model=model, policy=policy, targets=targets, primary_count=primary_count)
+
+    def _teacher_targets(self, name: str) -> list[UpstreamTarget]:
+        return [replace(target, teacher=True) for target in self._rotated(name)]
+
+    def teacher_plan(self, plan: RoutePlan) -> RoutePlan:
+        """The plan of a policy's call that its teacher answers (the teacher's own fallbacks after it)."""
+        assert plan.policy is not None and plan.policy.teacher is not None
+        name = plan.policy.teacher.model
+        targets = self._teacher_targets(name)
+        primary_count = len(targets)
+        for fallback in self.settings.router_settings.fallbacks_for(name):
+            if fallback in self._deployments:
+                targets.extend(self._rotated(fallback))
+        return RoutePlan(plan.model, plan.policy, targets, primary_count, teacher=True)
 
     def target_for_other_endpoint(self, model: str | None) -> UpstreamTarget | None:
         """Embeddings and the like: the deployment of that model name, else the default."""

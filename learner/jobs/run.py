@@ -131,7 +131,11 @@ def learner_database_url(settings: Settings, database_url: str | None = None) ->
 
 
 def _start_run(
-    connection: psycopg.Connection[Any], policy: PolicySettings, trigger: str, config: dict[str, Any]
+    connection: psycopg.Connection[Any],
+    policy: PolicySettings,
+    trigger: str,
+    config: dict[str, Any],
+    kind: str = "rl",
 ) -> str:
     run_id = str(uuid.uuid4())
     with connection.transaction():
@@ -142,9 +146,9 @@ def _start_run(
             (policy.name,),
         )
         connection.execute(
-            "INSERT INTO training_runs (id, policy, status, trigger, host, pid, code_version, config) "
-            "VALUES (%s, %s, 'running', %s, %s, %s, %s, %s)",
-            (run_id, policy.name, trigger, socket.gethostname(), os.getpid(), code_version(), Jsonb(config)),
+            "INSERT INTO training_runs (id, policy, status, trigger, kind, host, pid, code_version, config) "
+            "VALUES (%s, %s, 'running', %s, %s, %s, %s, %s, %s)",
+            (run_id, policy.name, trigger, kind, socket.gethostname(), os.getpid(), code_version(), Jsonb(config)),
         )
     return run_id
 

@@ -14,6 +14,7 @@ the request, so tests can check that the gateway forwards and records them faith
   between writes, and `split_done_ms`: the final `data: [DONE]` written in two parts that
   far apart.
 - `model` "judge-..." answers as an LLM judge would (tests/support/fake_judge.py).
+- `model` "teacher-..." answers by a hidden rule, as a hosted teacher would (tests/support/fake_teacher.py).
 - `/v1/responses` and `/v1/messages` answer natively (tests/support/fake_native.py).
 - `GET /_requests` returns the bodies received (newest last); `DELETE /_requests` clears them.
 
@@ -32,6 +33,7 @@ from aiohttp import web
 
 from tests.support.fake_judge import judge_content
 from tests.support.fake_native import FakeNative
+from tests.support.fake_teacher import teacher_completion
 
 DEFAULT_CHUNKS = 20
 ANSWER_WORDS = 20
@@ -152,6 +154,9 @@ class FakeUpstream:
         completion_id = f"chatcmpl-fake{self.counter:08d}"
         if model.startswith("judge-"):
             return web.Response(body=orjson.dumps(self._judge(body, completion_id)), content_type="application/json")
+        if model.startswith("teacher-"):
+            answer = teacher_completion(body, completion_id)
+            return web.Response(body=orjson.dumps(answer), content_type="application/json")
         if body.get("stream"):
             return await self._stream(request, body, completion_id)
         return web.Response(body=orjson.dumps(self._complete(body, completion_id)), content_type="application/json")

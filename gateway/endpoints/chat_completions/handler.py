@@ -103,12 +103,15 @@ class CallContext:
         # A policy's temperature is for its own runs (GRPO needs variety); the LLM judge's calls to a
         # policy keep the judge's own (they are never trained on, see gateway/judging).
         judging = (assignment.client_trajectory_id or "").startswith(JUDGE_TRAJECTORY_PREFIX)
-        self.temperature: float | None = plan.policy.temperature if plan.policy and not judging else None
+        # A call its teacher answers (apprentice.settings.TeacherSettings) is the hosted model's, as the
+        # client sent it: no policy temperature, no token capture (those fields are vLLM's own).
+        own = plan.policy is not None and not plan.teacher
+        self.temperature: float | None = plan.policy.temperature if plan.policy and own and not judging else None
         # Fields the gateway sets on the forwarded body, and what it must strip from the answer.
         self.overrides: dict[str, Any] = {}
         self.capture: TokenCapture | None = None
         self.version: ServingVersion | None = None  # the policy's adapter; None: the base model
-        if plan.policy is not None:
+        if plan.policy is not None and own:
             if self.temperature is not None:
                 self.overrides["temperature"] = self.temperature
             if plan.policy.record_tokens:
@@ -147,8 +150,16 @@ class CallContext:
         return body
 
     def served_model(self, target: UpstreamTarget) -> str:
-        """The model name the upstream is asked for: the adapter's LoRA name when one serves."""
-        return self.version.name if self.version is not None else target.upstream_model
+        """The model name the upstream is asked for: the adapter's LoRA name when one serves (a
+        teacher answering as the fallback is asked for its own model)."""
+        return self.version.name if self.version is not None and not target.teacher else target.upstream_model
+
+    def teacher_overrides(self) -> dict[str, Any]:
+        """What a teacher answering as the fallback is sent of the overrides: the usage request only."""
+        return {k: v for k, v in self.overrides.items() if k == "stream_options"}
+
+    def _teacher_answered(self) -> bool:
+        return self.target is not None and self.target.teacher
 
     def record(self, status: int, response: dict[str, Any] | None, error: Any) -> tuple[dict[str, Any], list[bytes]]:
         """The journal record, and the continuation keys a next call of this run will carry."""
@@ -171,7 +182,7 @@ class CallContext:
             "policy": self.plan.policy.name if self.plan.policy else None,
             "upstream": self.target.name if self.target else None,
             "upstream_model": self.served_model(self.target) if self.target else None,
-            "adapter_version_id": str(self.version.id) if self.version else None,
+            "adapter_version_id": str(self.version.id) if self.version and not self._teacher_answered() else None,
             "created_at": self.created_at,
             "latency_ms": (time.perf_counter() - self.started) * 1000.0,
             "ttft_ms": self.ttft_ms,
@@ -246,15 +257,20 @@ class ChatCompletionsEndpoint:
             messages=request.messages,
             client_trajectory_id=request.client_trajectory_id,
         )
-        call = CallContext(key, request, plan, assignment, started, created_at, wire)
+        version = None
         if plan.policy is not None:
             continued = assignment.continued
-            call.version = self.state.versions.choose(
+            version = self.state.versions.choose(
                 plan.policy.name,
                 assignment.split_key,
                 continued.adapter_version_id if continued else None,
                 sticky_known=continued is not None,
             )
+            if version is None and plan.policy.teacher is not None:
+                # No version of the policy is promoted (it is behind its teacher): the teacher answers.
+                plan = self.state.router.teacher_plan(plan)
+        call = CallContext(key, request, plan, assignment, started, created_at, wire)
+        call.version = version
         status = 500
         try:
             if request.stream:
@@ -282,7 +298,9 @@ class ChatCompletionsEndpoint:
 
     def _bodies(self, call: CallContext, targets: list[UpstreamTarget]) -> dict[str, bytes]:
         return {
-            target.upstream_model: call.request.forward_bytes({**call.overrides, "model": call.served_model(target)})
+            target.upstream_model: call.request.forward_bytes(
+                {**(call.teacher_overrides() if target.teacher else call.overrides), "model": call.served_model(target)}
+            )
             for target in targets
         }
 

@@ -1,0 +1,389 @@
+"""A distillation run: the teacher's best rewarded answers -> the policy's LoRA by SFT -> a candidate.
+
+While a policy names a teacher (`PolicySettings.teacher`) and has no promoted version, the
+gateway sends its traffic to the teacher, and those calls and their rewards are recorded under
+the policy like any other. A distillation run (kind "sft") reads them back:
+
+1. Selection: the policy's rewarded, untrained trajectories whose every answered call was
+   served by the teacher's deployment (`calls.upstream` = the teacher's model_name, no adapter
+   version), with the reward the policy trains on (`RewardPlan`: webhook, judge, or per group
+   one of them, exactly as an RL run reads it). Of those, `distill.min_reward` keeps the ones at
+   or above a threshold and `distill.top_share` the best share of each group (above the
+   group's lowest reward); see `choose`.
+2. Rendering: each chosen trajectory's calls through the policy's own chat template
+   (learner/grpo/tokens.py, the template path: a hosted teacher returns no token ids of our
+   model); the loss mask covers the assistant turns only, tool calls included.
+3. Training: cross-entropy on those tokens (learner/sft/trainer.py), starting from the lineage
+   head, with the lineage's optimizer (PolicyTrainer): SFT and RL runs extend one lineage.
+4. Record: the same as an RL run (run.py): the adapter saved atomically, then one transaction
+   records the candidate (parent: the head), marks the trajectories it trained on with the
+   run's id, and finishes the `training_runs` row (kind "sft", metrics["distill"]: the teacher,
+   the selection and its counts). The candidate then meets the same gates, canary and records
+   as any version; its canary is compared with the teacher (apprentice/promotion/takeover.py).
+
+Same safety as run.py: the policy's advisory lock (one learner per policy, RL or SFT), a run
+row committed first, a NaN loss aborts, and the trainer's state is restored unless the commit
+happened (PolicyTrainer.attempt).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from apprentice.promotion import lifecycle
+from apprentice.promotion.lineage import lineage_head, promoted_version
+from apprentice.settings import DistillationSettings, PolicySettings, Settings
+from learner.grpo.grouping import group_key
+from learner.jobs.run import (
+    LOCK_CLASS,
+    RunOutcome,
+    _finish_run,
+    _mark,
+    _remove_orphan_adapters,
+    _start_run,
+    adapters_dir,
+    learner_database_url,
+    lock_key,
+)
+from learner.jobs.selection import _REWARDED, Candidate, RewardPlan, Selection, assign_rewards, build_candidate
+from learner.jobs.selection import load_versions as _load_versions
+from learner.jobs.session import PolicyTrainer, training_threads
+
+log = logging.getLogger(__name__)
+
+# Calls rows with the deployment that answered (selection's own query leaves it out).
+_TEACHER_CALLS = """
+SELECT c.trajectory_id::text AS trajectory_id, c.status_code, c.upstream, c.upstream_model,
+       c.adapter_version_id::text AS version, c.temperature, c.request, c.response
+FROM calls c WHERE c.trajectory_id = ANY(%(ids)s::uuid[])
+ORDER BY c.trajectory_id, c.created_at, c.id
+"""
+
+# build_candidate checks that every call was served by "the base model"; teacher calls are
+# renamed to this before, so that the check reads "served by the teacher".
+_TEACHER = "\0teacher"
+
+
+@dataclass
+class TeacherData:
+    """The teacher's rewarded trajectories of one policy and which of them a run trains on."""
+
+    selection: Selection
+    chosen: list[Candidate] = field(default_factory=list)
+    not_teacher: int = 0  # rewarded trajectories some other model (or the policy) answered
+    below: int = 0  # teacher trajectories the selection rule left out
+
+    def metrics(self, teacher: str, distill: DistillationSettings) -> dict[str, Any]:
+        rewards = [float(c.member.reward) for c in self.chosen if c.member.reward is not None]
+        return {
+            "teacher": teacher,
+            "min_reward": distill.min_reward,
+            "top_share": distill.top_share,
+            "reward_source": self.selection.source,
+            "teacher_trajectories": len(self.selection.candidates),
+            "chosen": len(self.chosen),
+            "left_out": self.below,
+            "not_teacher": self.not_teacher,
+            "skipped": dict(self.selection.skipped),
+            "chosen_mean_reward": sum(rewards) / len(rewards) if rewards else None,
+        }
+
+
+def choose(candidates: list[Candidate], distill: DistillationSettings) -> list[Candidate]:
+    """The teacher trajectories to learn from (each candidate's `member.reward` is set).
+
+    `min_reward`: reward >= the threshold. `top_share`: within each group (grpo.grouping's key:
+    the client's group id, else the task), the best ceil(share x n) by reward (ties with the last
+    one kept are kept), and only those above the group's lowest reward: a group whose answers all
+    scored the same tells nothing about which answer to imitate. Both set: both must hold.
+    """
+    keep = {id(c) for c in candidates}
+    if distill.min_reward is not None:
+        threshold = distill.min_reward
+        keep &= {id(c) for c in candidates if c.member.reward is not None and c.member.reward >= threshold}
+    if distill.top_share is not None:
+        groups: dict[str, list[Candidate]] = {}
+        for candidate in candidates:
+            groups.setdefault(group_key(candidate.member), []).append(candidate)
+        best: set[int] = set()
+        for members in groups.values():
+            ranked = sorted(members, key=lambda c: float(c.member.reward or 0.0), reverse=True)
+            lowest = float(ranked[-1].member.reward or 0.0)
+            cutoff = float(ranked[max(0, math.ceil(distill.top_share * len(ranked)) - 1)].member.reward or 0.0)
+            best |= {id(c) for c in ranked if float(c.member.reward or 0.0) >= cutoff and c.member.reward != lowest}
+        keep &= best
+    return [c for c in candidates if id(c) in keep]
+
+
+def select_teacher_data(connection: psycopg.Connection[Any], policy: PolicySettings) -> TeacherData:
+    """Read the policy's rewarded teacher trajectories and choose the ones to learn from."""
+    teacher = policy.teacher
+    if teacher is None:
+        raise ValueError(f"policy {policy.name!r} names no teacher")
+    plan = RewardPlan.of(policy)
+    learning = policy.learning
+    with connection.cursor(row_factory=dict_row) as cursor:
+        cursor.execute("SELECT extract(epoch FROM now())::float8 AS now")
+        clock = cursor.fetchone()
+        assert clock is not None
+        selection = Selection(now=clock["now"], source=plan.source, wait_s=plan.wait_s)
+        params = {**plan.params(), "policy": policy.name, "max_age_s": learning.max_age_s}
+        cursor.execute(_REWARDED, {**params, "limit": learning.max_trajectories})
+        trajectories = cursor.fetchall()
+        cursor.execute(_TEACHER_CALLS, {"ids": [t["id"] for t in trajectories]})
+        calls: dict[str, list[dict[str, Any]]] = {}
+        for row in cursor.fetchall():
+            calls.setdefault(row["trajectory_id"], []).append(row)
+    data = TeacherData(selection)
+    for trajectory in trajectories:
+        rows = calls.get(trajectory["id"], [])
+        answered = [r for r in rows if r["status_code"] == 200 and r["response"]]
+        if not answered or any(r["upstream"] != teacher.model or r["version"] for r in answered):
+            data.not_teacher += 1
+            continue
+        renamed = [{**r, "upstream_model": _TEACHER} for r in answered]
+        candidate, reason = build_candidate(trajectory, renamed, _TEACHER, {})
+        if candidate is None:
+            selection.skip(reason or "unknown")
+        else:
+            selection.candidates[trajectory["id"]] = candidate
+    assign_rewards(selection)
+    candidates = list(selection.candidates.values())
+    data.chosen = choose(candidates, teacher.distill)
+    data.below = len(candidates) - len(data.chosen)
+    return data
+
+
+def behind_teacher(connection: psycopg.Connection[Any], policy: PolicySettings) -> bool:
+    """The policy names a teacher and none of its versions is promoted: the teacher serves it."""
+    return policy.teacher is not None and promoted_version(_load_versions(connection, policy.name)) is None
+
+
+def count_teacher_trajectories(connection: psycopg.Connection[Any], policy: PolicySettings) -> int:
+    """How many teacher trajectories a distillation run would train on now (for the trigger)."""
+    return len(select_teacher_data(connection, policy).chosen)
+
+
+def run_distillation(
+    settings: Settings,
+    policy_name: str,
+    *,
+    trigger: str = "manual",
+    database_url: str | None = None,
+    trainer: PolicyTrainer | None = None,
+) -> RunOutcome:
+    """One distillation run for `policy_name` (see the module docstring). Never raises for a failed run."""
+    policy = settings.policy(policy_name)
+    if policy is None:
+        raise ValueError(f"no policy named {policy_name!r} in the configuration")
+    if policy.teacher is None:
+        raise ValueError(f"policy {policy_name!r} names no teacher to distil from")
+    if not policy.learning.enabled:
+        return RunOutcome("disabled", policy.name)
+    trainer = trainer or PolicyTrainer(policy)
+    url = learner_database_url(settings, database_url)
+    with psycopg.connect(url, autocommit=True) as connection:
+        locked = connection.execute(
+            "SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(policy.name))
+        ).fetchone()
+        if locked is None or not locked[0]:
+            return RunOutcome("busy", policy.name, error="another learner holds this policy's lock")
+        try:
+            paused = connection.execute(
+                "SELECT learning_paused FROM policy_state WHERE policy = %s", (policy.name,)
+            ).fetchone()
+            if paused and paused[0]:
+                return RunOutcome("paused", policy.name)
+            return _locked_distillation(connection, settings, policy, trainer, trigger)
+        finally:
+            connection.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(policy.name)))
+
+
+def _locked_distillation(
+    connection: psycopg.Connection[Any],
+    settings: Settings,
+    policy: PolicySettings,
+    trainer: PolicyTrainer,
+    trigger: str,
+) -> RunOutcome:
+    assert policy.teacher is not None
+    teacher = policy.teacher
+    started = time.monotonic()
+    config = {
+        "policy": policy.name,
+        "base_model": policy.base_model,
+        "teacher": teacher.model_dump(mode="json"),
+        "learning": policy.learning.model_dump(mode="json"),
+    }
+    run_id = _start_run(connection, policy, trigger, config, kind="sft")
+    directory = adapters_dir(settings, policy)
+    metrics: dict[str, Any] = {}
+    try:
+        _remove_orphan_adapters(connection, directory, policy.name)
+        data = select_teacher_data(connection, policy)
+        head = lineage_head(_load_versions(connection, policy.name))
+        metrics["distill"] = data.metrics(teacher.model, teacher.distill)
+        metrics["from_version"] = head.name if head else None
+        if not data.chosen:
+            with connection.transaction():
+                _finish_run(connection, run_id, "skipped", error="no teacher trajectory selected", metrics=metrics)
+            return RunOutcome("skipped", policy.name, run_id, metrics=metrics, error="no teacher trajectory selected")
+        return _train_and_record(connection, policy, trainer, run_id, data, head, directory, metrics, started)
+    except BaseException as exc:
+        from learner.grpo.trainer import NonFiniteLoss
+
+        status = "aborted" if isinstance(exc, NonFiniteLoss) else "failed"
+        log.exception("distillation run %s for %s %s", run_id, policy.name, status)
+        try:
+            _finish_run(connection, run_id, status, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
+        except psycopg.Error:
+            log.exception("could not record the end of run %s", run_id)
+        if not isinstance(exc, Exception):
+            raise
+        return RunOutcome(status, policy.name, run_id, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
+
+
+def _train_and_record(
+    connection: psycopg.Connection[Any],
+    policy: PolicySettings,
+    trainer: PolicyTrainer,
+    run_id: str,
+    data: TeacherData,
+    head: Any,
+    directory: Any,
+    metrics: dict[str, Any],
+    started: float,
+) -> RunOutcome:
+    import torch
+
+    from learner.grpo.tokens import TokenizationError, trajectory_segments
+    from learner.sft.trainer import SFTConfig, train_sft
+
+    assert policy.teacher is not None
+    learning, distill = policy.learning, policy.teacher.distill
+    torch.set_num_threads(training_threads(learning))
+    tokenizer = trainer.load_base()
+    segments = []
+    trained_ids: list[str] = []
+    skipped: dict[str, int] = {}
+    for candidate in data.chosen:
+        try:
+            found = trajectory_segments(tokenizer, candidate.calls)
+        except TokenizationError as exc:
+            skipped[type(exc).__name__] = skipped.get(type(exc).__name__, 0) + 1
+            continue
+        segments.extend(found)
+        trained_ids.append(candidate.member.trajectory_id)
+    metrics["tokenization_skipped"] = skipped
+    metrics["start"] = trainer.start_from(head)
+    config = SFTConfig(
+        lr=distill.lr,
+        epochs=distill.epochs,
+        max_steps=distill.max_steps,
+        micro_batch_size=learning.micro_batch_size,
+        grad_accumulation=learning.grad_accumulation,
+        max_grad_norm=learning.max_grad_norm,
+        max_seq_len=learning.max_seq_len,
+        seed=learning.seed,
+    )
+    with trainer.attempt():
+        torch.manual_seed(learning.seed)
+        result = train_sft(trainer.model, trainer.optimizer, segments, config, trainer.tokenizer.pad_token_id or 0)
+        metrics["train"] = result.as_metrics()
+        metrics["optimizer_steps_total"] = trainer.optimizer_steps()
+        if result.optimizer_steps == 0:
+            with connection.transaction():
+                _finish_run(connection, run_id, "skipped", error="no trainable teacher sample", metrics=metrics)
+            return RunOutcome("skipped", policy.name, run_id, metrics=metrics, error="no trainable teacher sample")
+        trained = set(trained_ids)
+        rewards = [
+            float(c.member.reward)
+            for c in data.chosen
+            if c.member.trajectory_id in trained and c.member.reward is not None
+        ]
+        columns = {
+            "trajectories": len(trained_ids),
+            "groups": len({group_key(c.member) for c in data.chosen}),
+            "samples": result.samples,
+            "tokens": result.loss_tokens,
+            "loss": result.loss,
+            "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+            "from_version_id": str(head.id) if head else None,
+        }
+        return _save_and_record(
+            connection, policy, trainer, run_id, trained_ids, columns, head, directory, metrics, started
+        )
+
+
+def _save_and_record(
+    connection: psycopg.Connection[Any],
+    policy: PolicySettings,
+    trainer: PolicyTrainer,
+    run_id: str,
+    trained_ids: list[str],
+    columns: dict[str, Any],
+    head: Any,
+    directory: Any,
+    metrics: dict[str, Any],
+    started: float,
+) -> RunOutcome:
+    """Save the adapter as the next version and commit the candidate with the run's end (as run.py)."""
+    import json
+
+    from learner.grpo.adapters import save_adapter
+
+    number = lifecycle.next_version_number(connection, policy.name)
+    name = f"{policy.name}-v{number}"
+    out_dir = directory / name
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    save_adapter(trainer.model, out_dir, policy.base_model)
+    adapter_config = json.loads((out_dir / "adapter_config.json").read_text())
+    candidate = lifecycle.NewCandidate(
+        id=uuid.uuid4(),
+        policy=policy.name,
+        version=number,
+        name=name,
+        base_model=policy.base_model,
+        path=str(out_dir),
+        parent_version_id=head.id if head else None,
+        training_run_id=uuid.UUID(run_id),
+        rank=int(adapter_config["r"]),
+        alpha=float(adapter_config["lora_alpha"]),
+        target_modules=list(adapter_config.get("target_modules") or []),
+    )
+    metrics["duration_s"] = time.monotonic() - started
+    try:
+        with connection.transaction():
+            lifecycle.record_candidate(connection, candidate)
+            _mark(connection, run_id, trained_ids)
+            _finish_run(
+                connection,
+                run_id,
+                "succeeded",
+                columns={**columns, "produced_version_id": str(candidate.id)},
+                metrics=metrics,
+            )
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    trainer.commit(str(candidate.id))
+    log.info(
+        "policy %s: distillation run %s produced candidate %s (%d teacher trajectories, loss %s, %.1fs)",
+        policy.name,
+        run_id,
+        name,
+        len(trained_ids),
+        columns["loss"],
+        metrics["duration_s"],
+    )
+    return RunOutcome("succeeded", policy.name, run_id, str(candidate.id), name, str(out_dir), metrics=metrics)
