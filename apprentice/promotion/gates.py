@@ -12,6 +12,9 @@
 
 Any metric that is not finite inside `training_runs.metrics` (e.g. `grad_norm`) also fails
 `loss_finite`: it is the same failure (diverged training) reported under another name.
+
+4. `adapter_files` (added by the promotion job, which runs where the adapters are written:
+   `files.adapter_files_problem`): the directory holds a readable config and whole weights.
 """
 
 from __future__ import annotations
@@ -122,3 +125,15 @@ def _kl_bound(run: TrainingRun, kl_bound: float | None) -> dict[str, Any]:
         return _check("kl_bound", FAIL, f"KL {kl:.6g} > bound {kl_bound:g} ({source})", kl)
     bound = f"<= {kl_bound:g}" if kl_bound is not None else "(no bound)"
     return _check("kl_bound", PASS, f"KL {kl:.6g} {bound} ({source})", kl)
+
+
+def with_files_check(report: GateReport, problem: str | None) -> GateReport:
+    """`report` with the `adapter_files` check added (`problem`: what is wrong, None when whole)."""
+    if report.outcome == WAIT:
+        return report
+    if problem is None:
+        check = _check("adapter_files", PASS, "adapter config and weights are whole")
+    else:
+        check = _check("adapter_files", FAIL, problem)
+    outcome = FAIL if report.outcome == FAIL or problem is not None else PASS
+    return GateReport(outcome, [*report.checks, check])

@@ -49,7 +49,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apprentice.promotion import evaluation as ev
 from apprentice.promotion import lifecycle, loading, takeover
-from apprentice.promotion.gates import FAIL, PASS, GateReport, evaluate_gates, json_number
+from apprentice.promotion.files import adapter_files_problem
+from apprentice.promotion.gates import FAIL, PASS, GateReport, evaluate_gates, json_number, with_files_check
 from apprentice.promotion.lifecycle import TransitionError, TransitionResult, VersionNotFound
 from apprentice.promotion.lineage import lineage_head, lineage_versions, promoted_version
 from apprentice.promotion.provenance import Provenance, provenance
@@ -130,7 +131,8 @@ async def database_now(engine: AsyncEngine) -> datetime:
     by more than the grace never unloads a version that stopped serving (and one that runs ahead
     unloads it early). One clock, the database's, makes the grace mean what it says."""
     async with engine.connect() as connection:
-        return (await connection.execute(text("SELECT clock_timestamp()"))).scalar_one()
+        now: datetime = (await connection.execute(text("SELECT clock_timestamp()"))).scalar_one()
+    return now
 
 
 def policy_settings(settings: Settings, name: str) -> PolicySettings:
@@ -180,10 +182,17 @@ async def training_run_of(engine: AsyncEngine, version: AdapterVersion) -> Train
     return TrainingRun.from_row(row) if row is not None else None
 
 
-async def check_gates(engine: AsyncEngine, settings: Settings, version: AdapterVersion) -> GateReport:
-    """Evaluate the gates of a version's training run and store them in `adapter_versions.gates`."""
+async def check_gates(
+    engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, files: bool = False
+) -> GateReport:
+    """Evaluate the gates of a version's training run and store them in `adapter_versions.gates`.
+
+    `files`: check the adapter's files too (`files.adapter_files_problem`); only the promotion
+    job asks, since it runs where the adapters are written (a gateway may not see them)."""
     policy = policy_settings(settings, version.policy)
     report = evaluate_gates(await training_run_of(engine, version), policy.promotion.kl_bound)
+    if files:
+        report = with_files_check(report, await asyncio.to_thread(adapter_files_problem, version.path))
     document = {**report.as_json(), "kl_bound": policy.promotion.kl_bound, "checked_at": _now().isoformat()}
     if version.gates.get("outcome") != report.outcome or report.outcome != "wait":
         await lifecycle.update_jsonb(engine, version.id, "gates", document)
@@ -191,9 +200,15 @@ async def check_gates(engine: AsyncEngine, settings: Settings, version: AdapterV
 
 
 async def _require_gates(
-    engine: AsyncEngine, settings: Settings, version: AdapterVersion, *, force: bool, hint: str = ""
+    engine: AsyncEngine,
+    settings: Settings,
+    version: AdapterVersion,
+    *,
+    force: bool,
+    hint: str = "",
+    files: bool = False,
 ) -> GateReport:
-    gates = await check_gates(engine, settings, version)
+    gates = await check_gates(engine, settings, version, files=files)
     if not gates.passed and not force:
         detail = "; ".join(gates.failures()) or "the training run has not finished"
         raise TransitionError(
@@ -214,11 +229,12 @@ async def _start_canary(
     reason: str | None,
     client: httpx.AsyncClient | None,
     force: bool = False,
+    files: bool = False,
 ) -> ActionResult:
     if not _precheck(version, CANARY):
         return _unchanged(version)
     policy = policy_settings(settings, version.policy)
-    gates = await _require_gates(engine, settings, version, force=force)
+    gates = await _require_gates(engine, settings, version, force=force, files=files)
     async with engine.connect() as connection:
         serving = await lifecycle.serving_versions(connection, version.policy)
     if serving.canary is not None:
@@ -601,7 +617,7 @@ class _PolicyPass:
             if version.gates.get("outcome") == PASS:  # a finished run's gates do not change: not checked again
                 passing.append(version)
                 continue
-            gates = await check_gates(self.engine, self.settings, version)
+            gates = await check_gates(self.engine, self.settings, version, files=True)
             if gates.outcome == FAIL:
                 await self._reject(version, CANDIDATE, "gates failed: " + "; ".join(gates.failures()))
             elif gates.outcome == PASS:
@@ -617,12 +633,18 @@ class _PolicyPass:
     async def _put_in_canary(self, newest: AdapterVersion, *, replacing: AdapterVersion | None) -> None:
         """Load `newest` on every endpoint and make it the canary: a first canary, or the
         successor of `replacing` along the lineage (which goes back to candidate)."""
+        # Its files may have gone (or been cut short) since its gates passed: checked again right
+        # before any endpoint is asked to load it, so the reason names the file, not an endpoint's 404.
+        if (problem := await asyncio.to_thread(adapter_files_problem, newest.path)) is not None:
+            await check_gates(self.engine, self.settings, newest, files=True)
+            await self._reject(newest, CANDIDATE, f"gates failed: adapter_files: {problem}")
+            return
         try:
             if replacing is None:
                 share = self.policy.promotion.canary_share
                 reason = f"gates passed; canary at {share:.0%} of new trajectories"
                 result = await _start_canary(
-                    self.engine, self.settings, newest, actor=AUTO, client=self.client, reason=reason
+                    self.engine, self.settings, newest, actor=AUTO, client=self.client, reason=reason, files=True
                 )
             else:
                 reason = f"gates passed; the canary follows its lineage from {replacing.name}"
