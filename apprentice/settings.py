@@ -9,6 +9,7 @@ user can bring their file unchanged. Environment variables override the file:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -278,6 +279,59 @@ class LearningSettings(BaseModel):
         return value
 
 
+class RedactionRule(BaseModel):
+    """An operator's own redaction rule: what `pattern` matches is stored as `<NAME_xxxxxx>`.
+
+    A pattern with a capturing group replaces only the first group (e.g. `ticket=(\\w+)`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The placeholder's label: letters, digits and underscores (upper-cased in the placeholder).
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
+    pattern: str
+    ignore_case: bool = False
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        # A bad pattern is a configuration error at start-up, not a failure on the first call.
+        try:
+            compiled = re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression ({exc}): {value!r}") from None
+        if compiled.match(""):
+            raise ValueError(f"the pattern matches the empty string: {value!r}")
+        return value
+
+
+class RedactionKinds(BaseModel):
+    """What is redacted from recorded calls (docs/privacy.md); a policy's section overrides the
+    fields it sets, and its `rules` are added to the gateway's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    # The built-in kinds: email addresses; phone numbers (international +CC form and grouped
+    # national forms); API keys and secrets (sk-..., Bearer tokens, AWS, GitHub, Slack, Google,
+    # Stripe keys, JWTs, private key blocks, this gateway's own apk- keys); card numbers
+    # (13-19 digits that pass the Luhn check).
+    email: bool = True
+    phone: bool = True
+    secret: bool = True
+    card: bool = True
+    rules: list[RedactionRule] = Field(default_factory=list)
+
+
+class RedactionSettings(RedactionKinds):
+    """The gateway's redaction settings, and the key its placeholders are derived with."""
+
+    # HMAC key of the placeholders (or "os.environ/NAME"). None: a random per-installation key
+    # kept in the store. Give one that is not in the database so that a copy of the database
+    # alone cannot test a guessed value against a placeholder.
+    key: SecretStr | None = None
+
+
 class JudgeBudget(BaseModel):
     """How much judging an hour may cost; over it, judging waits (metrics and admin API say so)."""
 
@@ -394,6 +448,12 @@ class PolicySettings(BaseModel):
     # Ask the endpoints for sampled-token logprobs and exact token ids on every call (removed
     # from answers whose client did not ask for them): the learner trains on them.
     record_tokens: bool = True
+    # False: the policy's calls are recorded (observability) but its trajectories are never
+    # trained on or judged (trajectories.trainable = false).
+    record_for_training: bool = True
+    # Redaction of what is stored for this policy's calls; fields set here override the
+    # gateway's `redaction` (its rules are added to the gateway's). None: the gateway's.
+    redaction: RedactionKinds | None = None
     reward_range: tuple[float, float] | None = None
     metrics: list[str] | None = None
     # The learner: GRPO on LoRA from this policy's rewarded trajectories.
@@ -585,6 +645,9 @@ class Settings(BaseSettings):
     default_upstream: str | None = None
     # OpenTelemetry traces of calls and rewards (docs/tracing.md); None: no tracing.
     tracing: TracingSettings | None = None
+    # Redaction of e-mail addresses, phone numbers, secrets, card numbers and the operator's own
+    # patterns from every recorded call (docs/privacy.md).
+    redaction: RedactionSettings = Field(default_factory=RedactionSettings)
 
     @classmethod
     def settings_customise_sources(

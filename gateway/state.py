@@ -26,6 +26,7 @@ from gateway.journal.writer import JournalWriter
 from gateway.judging.worker import JudgeWorker
 from gateway.policies.notifications import AdapterNotifications
 from gateway.policies.versions import PolicyVersions, sticky_graces
+from gateway.redaction.record import RecordRedactor
 from gateway.rewards.linker import RewardLinker
 from gateway.store.calls import insert_call_lines, stitch_pending
 from gateway.tracing.exporter import make_tracer
@@ -37,6 +38,8 @@ from gateway.workers import PeriodicWorker
 log = logging.getLogger(__name__)
 
 TRAJECTORY_ID_SECRET = "trajectory_ids"
+# The placeholders' HMAC key when redaction.key is not configured (docs/privacy.md).
+REDACTION_SECRET = "redaction"
 PENDING_MARK = b'"stitch_pending":true'
 STITCH_INTERVAL_S = 0.5
 # Pending calls older than the open window are settled even when no new one arrives.
@@ -76,6 +79,8 @@ class GatewayState:
         self.adapter_notifications = AdapterNotifications(database_url, self.versions.wake)
         self.session: aiohttp.ClientSession | None = None
         self.instance_secret = b""
+        # Redacts every record before it is journaled (gateway/redaction); None: nothing to redact.
+        self.redactor: RecordRedactor | None = None
         # Woken when a shipped batch holds calls waiting for their parent; the wake delay lets
         # the other processes' parents land first.
         self.stitcher = PeriodicWorker(
@@ -101,6 +106,7 @@ class GatewayState:
 
     async def start(self) -> None:
         self.instance_secret = await instance_secret(self.engine, TRAJECTORY_ID_SECRET)
+        self.redactor = await self._redactor()
         self.journal.open()
         self.session = make_session()
         await self.keys.start()
@@ -135,12 +141,33 @@ class GatewayState:
 
     # ---- recording ---------------------------------------------------------------------
     def record(self, record: dict[str, Any]) -> None:
-        """Journal a completed call (synchronous: done before the call's last byte is sent)."""
+        """Journal a completed call (synchronous: done before the call's last byte is sent),
+        redacted first: neither the journal nor the store ever holds what redaction replaces."""
+        if self.redactor is not None:
+            record = self.redactor.apply(record)
         self.journal.append(record)
         metrics.JOURNALED.inc()
         self.shipper.note_record()
         if self.tracer is not None:
             self.tracer.offer(record)
+
+    def redact_early(self, call_id: object, trajectory_id: object, policy: str | None, *bodies: Any) -> None:
+        """Start redacting a call's request bodies while the upstream works (its record, made
+        later from the same objects, takes the result: see gateway/redaction/record.py)."""
+        if self.redactor is not None:
+            self.redactor.early(str(call_id), str(trajectory_id), policy, *bodies)
+
+    async def _redactor(self) -> RecordRedactor | None:
+        settings = self.settings
+        redacts = settings.redaction.enabled or any(
+            policy.redaction is not None and policy.redaction.enabled for policy in settings.policies
+        )
+        if not redacts:
+            return None
+        key = resolve_secret(settings.redaction.key)
+        secret = key.encode() if key else await instance_secret(self.engine, REDACTION_SECRET)
+        redactor = RecordRedactor(settings, secret)
+        return redactor if redactor.active else None
 
     async def _ship(self, lines: list[bytes]) -> int:
         try:

@@ -303,6 +303,7 @@ async def forward_request(
         started=started,
         created_at=created_at,
     )
+    state.redact_early(call.call_id, call.assignment.trajectory_id, None, body)  # while the upstream works
     order = attempt_order(plan.targets, plan.primary_count, state.settings.router_settings.num_retries)
     targets = [target for target in order if protocol.name in target.protocols]
     client_headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope["headers"]}

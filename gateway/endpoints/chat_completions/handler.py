@@ -197,6 +197,9 @@ class CallContext:
             "continuation_key": keys[0].hex() if keys else None,
             "parent_key": self.assignment.keys.parent_key.hex() if self.assignment.keys.parent_key else None,
             "stitch_pending": self.assignment.stitch_pending,
+            # A policy with record_for_training false: recorded, never trained on (the key's own
+            # opt-out is read as the call is shipped, gateway/store/calls.py).
+            "trainable": self.plan.policy.record_for_training if self.plan.policy else True,
         }, keys
 
 
@@ -270,6 +273,11 @@ class ChatCompletionsEndpoint:
                 # No version of the policy is promoted (it is behind its teacher): the teacher answers.
                 plan = self.state.router.teacher_plan(plan)
         call = CallContext(key, request, plan, assignment, started, created_at, wire)
+        # The record's request is redacted while the upstream works (gateway/redaction).
+        policy_name = call.plan.policy.name if call.plan.policy else None
+        self.state.redact_early(
+            call.call_id, call.assignment.trajectory_id, policy_name, request.body, wire.native_request()
+        )
         call.version = version
         status = 500
         try:

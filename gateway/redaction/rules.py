@@ -1,0 +1,205 @@
+"""The patterns that find values to redact: built-in kinds and the operator's own rules.
+
+Every rule has a cheap `hint` (a substring or a short regex, run in C) that a text must contain
+before the rule's full pattern runs: most recorded text holds none of these values, so most
+strings cost a handful of substring tests. Card numbers must pass the Luhn check and phone
+numbers must have a plausible digit count, so ordinary long numbers and dates stay as they are.
+
+Phone numbers are found by shape (an international `+CC` number, or a national number grouped
+with separators), not with libphonenumber: its matcher is pure Python and needs the text's
+region, which a gateway serving the world does not know (docs/privacy.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from apprentice.settings import RedactionKinds
+
+Validator = Callable[[str], bool]
+
+
+# Runs of digits (separators removed: "415-555-0132" is ten) and of token characters (what keys
+# are made of), found with bytes.translate and a substring search: C speed, where Python's regex
+# engine scans prose several times slower and each `in` test of a literal costs as much again.
+_DIGITS_AS_MARKS = bytes.maketrans(b"0123456789", b"##########")
+_DIGIT_SEPARATORS = b" .-()+/"
+_TOKEN_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-+/=.~"
+_TOKENS_AS_MARKS = bytes(ord("#") if byte in _TOKEN_CHARS else ord(" ") for byte in range(256))
+
+
+class Screen:
+    """Cheap facts about one text, computed once and shared by every rule's `may_match`."""
+
+    __slots__ = ("text", "_encoded", "_marked", "_answers")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._encoded: bytes | None = None
+        self._marked: dict[bool, bytes] = {}
+        self._answers: dict[tuple[bool, int], bool] = {}
+
+    def _run(self, digits: bool, count: int) -> bool:
+        answer = self._answers.get((digits, count))
+        if answer is None:
+            marked = self._marked.get(digits)
+            if marked is None:
+                if self._encoded is None:
+                    self._encoded = self.text.encode("utf-8", "surrogatepass")
+                if digits:
+                    marked = self._encoded.translate(_DIGITS_AS_MARKS, _DIGIT_SEPARATORS)
+                else:
+                    marked = self._encoded.translate(_TOKENS_AS_MARKS)
+                self._marked[digits] = marked
+            answer = self._answers[(digits, count)] = b"#" * count in marked
+        return answer
+
+    def digit_run(self, count: int) -> bool:
+        """At least `count` digits in a row once separators are removed."""
+        return self._run(True, count)
+
+    def token_run(self, count: int) -> bool:
+        """At least `count` key characters (letters, digits, _-+/=.~) in a row."""
+        return self._run(False, count)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One kind of value: `label` names its placeholders (`<EMAIL_...>`)."""
+
+    label: str
+    # When the pattern has a capturing group that took part in a match, only the group is replaced.
+    pattern: re.Pattern[str]
+    # Substrings one of which a text must hold for the pattern to be tried; None: always tried.
+    hints: tuple[str, ...] | None = None
+    # Digits in a row (separators removed) a text must hold for the pattern to be tried.
+    min_digits: int | None = None
+    # Key characters in a row a text must hold (tested before the hints, which cost more).
+    min_token: int | None = None
+    validate: Validator | None = None
+    # How a value is compared with itself elsewhere (`Bob@X.com` is `bob@x.com`).
+    normalize: Callable[[str], str] | None = None
+
+    def may_match(self, screen: Screen) -> bool:
+        """A cheap test that is true wherever the pattern can match (false positives only cost time)."""
+        if self.min_token is not None and not screen.token_run(self.min_token):
+            return False
+        if self.min_digits is not None and not screen.digit_run(self.min_digits):
+            return False
+        return self.hints is None or any(hint in screen.text for hint in self.hints)
+
+    @property
+    def screened(self) -> bool:
+        """Whether `may_match` tests anything (an operator's rule has no screen)."""
+        return self.hints is not None or self.min_digits is not None or self.min_token is not None
+
+
+def luhn_valid(digits: str) -> bool:
+    """The Luhn checksum every payment card number satisfies (ISO/IEC 7812)."""
+    total = 0
+    for position, char in enumerate(reversed(digits)):
+        value = ord(char) - 48
+        if position % 2:
+            value = value * 2 - 9 if value > 4 else value * 2
+        total += value
+    return total % 10 == 0
+
+
+def only_digits(value: str) -> str:
+    return "".join(char for char in value if char.isdigit())
+
+
+def _card(value: str) -> bool:
+    digits = only_digits(value)
+    return 13 <= len(digits) <= 19 and luhn_valid(digits) and len(set(digits)) > 1
+
+
+def _phone(value: str) -> bool:
+    # Nine digits at least: dates (01-02-2026) and short codes are not phone numbers.
+    return 9 <= len(only_digits(value)) <= 15
+
+
+def _phone_key(value: str) -> str:
+    digits = only_digits(value)
+    return "+" + digits if value.lstrip().startswith("+") else digits
+
+
+EMAIL = Rule(
+    "EMAIL",
+    re.compile(
+        r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}\b"
+    ),
+    hints=("@",),
+    normalize=str.lower,
+)
+
+PHONE = Rule(
+    "PHONE",
+    re.compile(
+        # +CC then groups of digits (spaces, dots, dashes, an area code in parentheses)
+        r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(\d{1,4}\))?(?:[ .-]?\d{2,5}){2,5}(?!\w)"
+        # North American: (415) 555-0132, 415-555-0132, 415.555.0132
+        r"|(?<![\w(+.-])(?:\(\d{3}\)[ ]?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w-])"
+        # national numbers with a trunk 0: 06 12 34 56 78, 030 1234 5678, 020 7946 0958
+        r"|(?<![\w+.-])0\d{1,4}(?:[ .-]\d{2,4}){2,4}(?![\w-])"
+    ),
+    min_digits=9,
+    validate=_phone,
+    normalize=_phone_key,
+)
+
+CARD = Rule(
+    "CARD",
+    re.compile(r"(?<![\w.-])\d(?:[ -]?\d){12,18}(?![\w-])"),
+    min_digits=13,
+    validate=_card,
+    normalize=only_digits,
+)
+
+# Each with the literal its text must contain: the pattern runs only where that literal is.
+_SECRET_PATTERNS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("-----BEGIN",),
+        r"-----BEGIN[A-Z ]{0,40} PRIVATE KEY-----[\s\S]{1,20000}?-----END[A-Z ]{0,40} PRIVATE KEY-----",
+    ),
+    (("sk-",), r"(?<![\w-])sk-(?:proj-|ant-(?:api\d\d-)?|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"),
+    (("apk-",), r"(?<![\w-])apk-[A-Za-z0-9_-]{20,}"),
+    (("AKIA", "ASIA", "ABIA", "ACCA"), r"(?<![A-Z0-9])(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Z0-9])"),
+    (
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+        r"(?<!\w)(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})",
+    ),
+    (("xox",), r"(?<!\w)xox[abposr]-[A-Za-z0-9-]{10,}"),
+    (("AIza",), r"(?<![\w-])AIza[0-9A-Za-z_-]{35}"),
+    (("k_live_", "k_test_"), r"(?<!\w)[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}"),
+    (("eyJ",), r"(?<![\w-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+    # the token after "Bearer" (the word itself stays)
+    (("earer ",), r"(?<=[Bb]earer )[A-Za-z0-9._~+/-]{16,}=*"),
+    # aws_secret_access_key = ..., "AWS_SECRET_ACCESS_KEY": "..."
+    (
+        ("aws_secret", "AWS_SECRET"),
+        r"(?i:aws_secret_access_key)[\"']?\s*[:=]\s*[\"']?([A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])",
+    ),
+)
+
+# Each of the keys holds at least 16 key characters in a row, so text without such a run skips
+# them all at the cost of one test; a private key block is found by its (rare) first line alone.
+SECRET_MIN_TOKEN = 16
+SECRETS = tuple(
+    Rule("SECRET", re.compile(pattern), hints=hints, min_token=None if "-----BEGIN" in hints else SECRET_MIN_TOKEN)
+    for hints, pattern in _SECRET_PATTERNS
+)
+
+BUILT_IN: dict[str, tuple[Rule, ...]] = {"secret": SECRETS, "email": (EMAIL,), "card": (CARD,), "phone": (PHONE,)}
+
+
+def compile_rules(kinds: RedactionKinds) -> list[Rule]:
+    """The rules a redaction section enables, in the order they claim overlapping text: secrets
+    first (a key may contain digits and an @), then e-mails, cards, phones, the operator's."""
+    rules = [rule for name, kind in BUILT_IN.items() if getattr(kinds, name) for rule in kind]
+    for custom in kinds.rules:
+        flags = re.IGNORECASE if custom.ignore_case else 0
+        rules.append(Rule(custom.name.upper(), re.compile(custom.pattern, flags)))
+    return rules
