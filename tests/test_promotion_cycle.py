@@ -275,7 +275,10 @@ def routes_to(gateways: list[Any], policy: str, name: str) -> None:
 
 def test_full_cycle(start_gateway, local_server, tiny, db, database_url, tmp_path):
     rng = random.Random(11)
-    policy = policy_config("agent", local_server)
+    # A grace far longer than the test's steps take on a loaded machine: versions that stopped
+    # serving stay loaded until the last tick, which is past it by the database's clock.
+    grace_s = 300
+    policy = policy_config("agent", local_server, unload_grace_s=grace_s)
     gateways = start_gateways(start_gateway, tmp_path, policy, count=2)
 
     # v1: an admin promotes it at once (loaded at the endpoint first, then serving).
@@ -372,7 +375,7 @@ def test_full_cycle(start_gateway, local_server, tiny, db, database_url, tmp_pat
     assert {"agent-v1", "agent-v2", "agent-v3"} <= set(local_server.models())
     # Past the grace on the database's clock, which time-stamped the transitions (not this process's).
     database_clock = db.execute("SELECT clock_timestamp()").fetchone()[0]
-    tick(database_url, policy, now=database_clock + timedelta(seconds=60))
+    tick(database_url, policy, now=database_clock + timedelta(seconds=grace_s + 1))
     assert {m for m in local_server.models() if m.startswith("agent-")} == {"agent-v1"}
 
 
