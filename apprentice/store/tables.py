@@ -45,6 +45,8 @@ api_keys = Table(
     Column("revoked_at", DateTime(timezone=True)),
     # 0009: the key's own rate limits and budget (RateLimits fields; absent: the configured default).
     Column("limits", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # 0009: the key's calls are recorded but never trained on (their trajectories: trainable false).
+    Column("training_opt_out", Boolean, nullable=False, server_default=text("false")),
 )
 
 # 0011: each gateway process's current rate-limit window counts, exchanged about every second so
@@ -80,6 +82,9 @@ trajectories = Table(
     Column("last_call_at", DateTime(timezone=True), nullable=False),
     Column("call_count", Integer, nullable=False, server_default="0"),
     Column("trained_in_run_id", UUID(as_uuid=True)),
+    # 0009: false when a call of it came from a key that opted out of training or from a policy
+    # with record_for_training false: recorded for observability, never selected or judged.
+    Column("trainable", Boolean, nullable=False, server_default=text("true")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_trajectories_policy_last_call", "policy", "last_call_at"),
     Index(

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from apprentice.commands.common import config_option, database_url, load
 from apprentice.store.engine import make_async_engine
 from gateway.auth import keys
+from gateway.auth.training_opt_out import set_training_opt_out
 
 T = TypeVar("T")
 
@@ -72,3 +73,24 @@ def revoke_command(config_path: str | None, key_id_or_prefix: str) -> None:
     if not count:
         raise click.ClickException(f"no active key matches {key_id_or_prefix}")
     click.echo(f"revoked {count} key(s); gateways drop it within their key refresh interval")
+
+
+@keys_group.command("training")
+@config_option
+@click.argument("key_id_or_prefix")
+@click.option(
+    "--opt-out/--opt-in",
+    "opt_out",
+    required=True,
+    help="--opt-out: the key's calls are recorded but never trained on or judged (and its trajectories "
+    "not yet trained on are withdrawn); --opt-in: its new calls may be trained on again.",
+)
+def training_command(config_path: str | None, key_id_or_prefix: str, opt_out: bool) -> None:
+    """Opt a key's calls out of training (docs/privacy.md), or back in."""
+    count, withdrawn = _run(config_path, lambda engine: set_training_opt_out(engine, key_id_or_prefix, opt_out))
+    if not count:
+        raise click.ClickException(f"no active key matches {key_id_or_prefix}")
+    if opt_out:
+        click.echo(f"key opted out of training; {withdrawn} trajectories not yet trained on were withdrawn")
+    else:
+        click.echo("key opted in to training: its new calls may be trained on")

@@ -47,7 +47,7 @@ SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at
 FROM trajectories t
 LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
                    ORDER BY c.created_at, c.id LIMIT 1) fc ON true
-WHERE t.policy = %(policy)s AND t.merged_into IS NULL AND t.trained_in_run_id IS NULL
+WHERE t.policy = %(policy)s AND t.merged_into IS NULL AND t.trained_in_run_id IS NULL AND t.trainable
   AND (t.client_trajectory_id IS NULL OR t.client_trajectory_id NOT LIKE 'apprentice-judge:%%')
   AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
   AND t.last_call_at < now() - make_interval(secs => %(wait_s)s)
@@ -402,7 +402,7 @@ SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at
 FROM trajectories t
 LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
                    ORDER BY c.created_at, c.id LIMIT 1) fc ON true
-WHERE t.policy = %(policy)s AND t.merged_into IS NULL
+WHERE t.policy = %(policy)s AND t.merged_into IS NULL AND t.trainable
   AND (t.client_trajectory_id IS NULL OR t.client_trajectory_id NOT LIKE 'apprentice-judge:%%')
   AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
   AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)

@@ -3,6 +3,10 @@
 Journal lines are copied into PostgreSQL as they are (COPY of raw JSON into a temporary
 table) and unpacked there, so the shipper spends almost no Python CPU per call. Trajectory
 rows are derived from the calls actually inserted, so a re-shipped batch changes nothing.
+
+A trajectory is trainable while every call of it is: the record's `trainable` (false for a
+policy with record_for_training off) and the key's `training_opt_out`, read here as the calls
+land (within a ship interval of the call), so an opt-out needs no gateway restart or cache.
 """
 
 from __future__ import annotations
@@ -47,21 +51,25 @@ WITH inserted AS (
            max(c.r->>'group_id') AS group_id,
            min(i.created_at) AS first_call_at,
            max(i.created_at) AS last_call_at,
-           count(*) AS n
+           count(*) AS n,
+           bool_and(coalesce((c.r->>'trainable')::boolean, true) AND NOT coalesce(k.training_opt_out, false))
+               AS trainable
     FROM inserted i JOIN incoming_calls c ON (c.r->>'id')::uuid = i.id
+    LEFT JOIN api_keys k ON k.id = (c.r->>'api_key_id')::uuid
     GROUP BY i.trajectory_id
 )
 INSERT INTO trajectories AS t (id, tenant, model, policy, adapter_version_id, client_trajectory_id,
-                               group_id, first_call_at, last_call_at, call_count)
+                               group_id, first_call_at, last_call_at, call_count, trainable)
 SELECT trajectory_id, tenant, model, policy, adapter_version_id, client_trajectory_id, group_id,
-       first_call_at, last_call_at, n
+       first_call_at, last_call_at, n, trainable
 FROM per_trajectory
 ON CONFLICT (id) DO UPDATE SET
     first_call_at = least(t.first_call_at, excluded.first_call_at),
     last_call_at = greatest(t.last_call_at, excluded.last_call_at),
     call_count = t.call_count + excluded.call_count,
     client_trajectory_id = coalesce(t.client_trajectory_id, excluded.client_trajectory_id),
-    group_id = coalesce(excluded.group_id, t.group_id)
+    group_id = coalesce(excluded.group_id, t.group_id),
+    trainable = t.trainable AND excluded.trainable
 """
 
 # Calls whose parent (the previous call of the same run) was served by another process:
@@ -80,6 +88,10 @@ _APPLY_MERGES = [
        FROM merges m WHERE calls.trajectory_id = m.child""",
     """UPDATE trajectories t SET merged_into = m.parent, call_count = 0
        FROM merges m WHERE t.id = m.child""",
+    # A run is trainable only when every part of it is.
+    """UPDATE trajectories t SET trainable = false
+       FROM merges m JOIN trajectories ch ON ch.id = m.child
+       WHERE t.id = m.parent AND NOT ch.trainable""",
     """UPDATE trajectories t SET merged_into = m.parent
        FROM merges m WHERE t.merged_into = m.child""",
     """UPDATE trajectories t SET

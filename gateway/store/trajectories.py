@@ -19,7 +19,7 @@ from gateway.store.connection import driver_connection
 from gateway.store.rewards import StoredReward, rewards_of
 
 _SUMMARY_COLUMNS = """t.id, t.tenant, t.model, t.policy, t.client_trajectory_id, t.group_id, t.adapter_version_id,
-    t.first_call_at, t.last_call_at, t.call_count, t.trained_in_run_id,
+    t.first_call_at, t.last_call_at, t.call_count, t.trained_in_run_id, t.trainable,
     (SELECT r.value FROM rewards r WHERE r.trajectory_id = t.id AND r.name = 'reward' AND r.status = 'linked'
        AND r.superseded_at IS NULL ORDER BY r.observed_at DESC LIMIT 1) AS reward,
     (SELECT count(*) FROM rewards r WHERE r.trajectory_id = t.id AND r.status = 'linked'
@@ -57,6 +57,7 @@ class TrajectoryRow:
     last_call_at: datetime
     call_count: int
     trained_in_run_id: uuid.UUID | None
+    trainable: bool  # false: a key's or the policy's opt-out (recorded, never trained on)
     reward: float | None  # the current reward named "reward"
     reward_count: int  # current rewards, one per name
 

@@ -68,9 +68,10 @@ GroupSource = Literal["webhook", "judge"]
 # members this run (the group trains on what it has, never a mix).
 JUDGE_GRACE_S = 120.0
 
-# Untrained, unmerged trajectories of the policy, the judge's own left out: what every query reads.
+# Untrained, unmerged trajectories of the policy, the judge's own and those recorded only for
+# observability (trajectories.trainable: a key's or the policy's opt-out) left out: what every query reads.
 _UNTRAINED = """
-t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL
+t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL AND t.trainable
   AND (t.client_trajectory_id IS NULL OR NOT starts_with(t.client_trajectory_id, %(judge_prefix)s))
 """
 

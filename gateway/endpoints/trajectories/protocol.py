@@ -45,6 +45,9 @@ class TrajectorySummary(BaseModel):
     last_call_at: datetime
     call_count: int
     trained_in_run_id: str | None
+    trainable: bool = Field(
+        description="False when its key or its policy opted out of training: recorded, never trained on or judged."
+    )
     reward: float | None = Field(description="The current reward named `reward`, if any.")
     reward_count: int = Field(description="Current rewards (one per name).")
 
@@ -98,6 +101,7 @@ def _summary_fields(row: TrajectoryRow) -> dict[str, Any]:
         "last_call_at": row.last_call_at,
         "call_count": row.call_count,
         "trained_in_run_id": _text(row.trained_in_run_id),
+        "trainable": row.trainable,
         "reward": row.reward,
         "reward_count": row.reward_count,
     }
