@@ -511,14 +511,60 @@ class JournalSettings(BaseModel):
     fsync: bool = False
 
 
+class RateLimits(BaseModel):
+    """One scope's limits (a key or a tenant); None: no limit of that kind (docs/limits.md).
+
+    A key's own overrides (`api_keys.limits`, set with `apprentice keys limits` or
+    `PUT /admin/keys/{id}/limits`) have the same fields; a field absent there falls back to
+    `limits.key`, and an explicit null there lifts that limit for the key.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    # Prompt and completion tokens; a call reserves body bytes / 4 before it, the upstream's
+    # usage replaces the estimate after it.
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    # US dollars per `LimitSettings.budget_window_s`, from the upstream's prices (`model_info`'s
+    # input_cost_per_token / output_cost_per_token, else litellm's local cost map).
+    budget_usd: float | None = Field(default=None, gt=0)
+
+    @property
+    def any(self) -> bool:
+        return self.requests_per_minute is not None or self.tokens_per_minute is not None or self.budget_usd is not None
+
+
 class LimitSettings(BaseModel):
+    """Body size, and per-key and per-tenant rate limits and budgets (docs/limits.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     max_body_bytes: int = 16 * 1024 * 1024
+    # Every key's limits unless the key has its own (api_keys.limits).
+    key: RateLimits = Field(default_factory=RateLimits)
+    # Each tenant's limits (all its keys together), by tenant name; tenants not listed get
+    # `tenant_default`.
+    tenants: dict[str, RateLimits] = Field(default_factory=dict)
+    tenant_default: RateLimits = Field(default_factory=RateLimits)
+    # Spend budgets count over fixed windows of this many seconds, aligned to the epoch (86400:
+    # UTC days); longer than the one-minute windows of the rates.
+    budget_window_s: int = Field(default=86400, ge=120)
+    # How often each gateway process exchanges its counts with the others through PostgreSQL.
+    # The limits hold within (processes - 1) x (one process's admission rate) x 2 x this.
+    sync_interval_s: float = Field(default=1.0, gt=0)
+
+    def for_tenant(self, tenant: str) -> RateLimits:
+        return self.tenants.get(tenant, self.tenant_default)
 
 
 class StitchSettings(BaseModel):
     # A trajectory stays open for stitching this long after its last call.
     open_window_s: float = 6 * 3600.0
     max_open_trajectories: int = 200_000
+    # A trajectory that reaches this many calls, or this many prompt + completion tokens, is
+    # closed: the run's next call starts a new trajectory (docs/limits.md). None: no cap.
+    max_calls_per_trajectory: int | None = Field(default=1000, ge=1)
+    max_tokens_per_trajectory: int | None = Field(default=2_000_000, ge=1)
 
 
 class WebhookSecret(BaseModel):

@@ -24,12 +24,16 @@ from gateway.http.errors import GatewayError
 from gateway.journal.shipper import JournalShipper
 from gateway.journal.writer import JournalWriter
 from gateway.judging.worker import JudgeWorker
+from gateway.limits.limiter import Limiter
+from gateway.limits.prices import Prices
+from gateway.limits.sync import LimitSync
 from gateway.policies.notifications import AdapterNotifications
 from gateway.policies.versions import PolicyVersions, sticky_graces
 from gateway.redaction.record import RecordRedactor
 from gateway.rewards.linker import RewardLinker
 from gateway.store.calls import insert_call_lines, stitch_pending
 from gateway.tracing.exporter import make_tracer
+from gateway.trajectories.cap import TrajectoryCap
 from gateway.trajectories.stitching import StitchIndex
 from gateway.upstreams.direct import make_session
 from gateway.upstreams.routing import Router
@@ -70,6 +74,14 @@ class GatewayState:
         self.stitch_index = StitchIndex(
             max_entries=settings.stitching.max_open_trajectories, ttl_s=settings.stitching.open_window_s
         )
+        # Per-key and per-tenant limits, decided in memory, counts exchanged by limit_sync.
+        self.limiter = Limiter(settings.limits, Prices(settings.model_list))
+        self.limit_sync = LimitSync(self.engine, self.limiter, interval_s=settings.limits.sync_interval_s)
+        self.trajectory_cap = TrajectoryCap(
+            max_calls=settings.stitching.max_calls_per_trajectory,
+            max_tokens=settings.stitching.max_tokens_per_trajectory,
+            max_entries=settings.stitching.max_open_trajectories,
+        )
         self.open_key = KeyInfo(id=None, name="open", tenant=settings.auth.open_tenant, role="admin")
         self.versions = PolicyVersions(
             self.engine,
@@ -91,6 +103,7 @@ class GatewayState:
         self.judge = JudgeWorker(self.engine, settings)
         self.workers: list[PeriodicWorker] = [
             self.keys.worker,
+            self.limit_sync.worker,
             self.versions.worker,
             self.adapter_notifications.worker,
             self.shipper.worker,
@@ -110,6 +123,7 @@ class GatewayState:
         self.journal.open()
         self.session = make_session()
         await self.keys.start()
+        await self.limit_sync.start()
         await self.versions.start()
         self.adapter_notifications.start()
         self.shipper.start()
@@ -125,6 +139,7 @@ class GatewayState:
             self.judge.stop,
             self.adapter_notifications.stop,
             self.keys.stop,
+            self.limit_sync.stop,
             self.versions.stop,
             self.shipper.stop,
             self.reward_linker.stop,

@@ -3,6 +3,10 @@
 The request path never waits on the database for a known key: all active keys are loaded
 at start and refreshed in the background (so a revocation takes effect within the refresh
 interval). Only an unknown key costs one lookup, and a miss is remembered briefly.
+
+A key's own rate limits (`api_keys.limits`, docs/limits.md) travel with it in the cache, so
+the limiter reads them from memory too; a change reaches every gateway within the same
+refresh interval as a revocation.
 """
 
 from __future__ import annotations
@@ -13,11 +17,15 @@ import logging
 import secrets
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from apprentice.settings import RateLimits
 from apprentice.store.tables import api_keys
 from gateway.workers import PeriodicWorker
 
@@ -34,10 +42,36 @@ class KeyInfo:
     name: str
     tenant: str
     role: str  # "client" or "admin"
+    # The key's own limits (RateLimits fields it sets; absent ones fall back to the configured
+    # default, a null lifts that limit); empty: the defaults.
+    limits: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
+
+
+def parse_limits(value: Any) -> dict[str, Any]:
+    """A key's limits as given (CLI, admin API, the stored JSON): only RateLimits' fields, checked.
+
+    Raises ValueError with pydantic's message when a field is unknown or out of range."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError("limits must be a JSON object")
+    try:
+        checked = RateLimits.model_validate(dict(value))
+    except ValidationError as exc:
+        raise ValueError(str(exc)) from None
+    return checked.model_dump(include=set(value))
+
+
+def _stored_limits(value: Any, name: str) -> dict[str, Any]:
+    try:
+        return parse_limits(value)
+    except ValueError as exc:  # written by hand in SQL: the key keeps working on the defaults
+        log.warning("api key %s: ignoring invalid limits: %s", name, exc)
+        return {}
 
 
 def hash_key(key: str) -> bytes:
@@ -48,12 +82,15 @@ def generate_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-async def create_key(engine: AsyncEngine, *, name: str, tenant: str, role: str = "client") -> tuple[KeyInfo, str]:
+async def create_key(
+    engine: AsyncEngine, *, name: str, tenant: str, role: str = "client", limits: Mapping[str, Any] | None = None
+) -> tuple[KeyInfo, str]:
     """Create a key; the clear key is returned once and never stored."""
     if role not in ("client", "admin"):
         raise ValueError("role must be 'client' or 'admin'")
+    checked = parse_limits(limits)
     key = generate_key()
-    info = KeyInfo(id=uuid.uuid4(), name=name, tenant=tenant, role=role)
+    info = KeyInfo(id=uuid.uuid4(), name=name, tenant=tenant, role=role, limits=checked)
     async with engine.begin() as connection:
         await connection.execute(
             insert(api_keys).values(
@@ -63,17 +100,42 @@ async def create_key(engine: AsyncEngine, *, name: str, tenant: str, role: str =
                 role=role,
                 key_hash=hash_key(key),
                 key_prefix=key[:DISPLAY_PREFIX_CHARS],
+                limits=checked,
             )
         )
     return info, key
 
 
-async def revoke_key(engine: AsyncEngine, key_id_or_prefix: str) -> int:
-    condition = api_keys.c.key_prefix == key_id_or_prefix
+def _key_condition(key_id_or_prefix: str) -> Any:
     try:
-        condition = api_keys.c.id == uuid.UUID(key_id_or_prefix)
+        return api_keys.c.id == uuid.UUID(key_id_or_prefix)
     except ValueError:
-        pass
+        return api_keys.c.key_prefix == key_id_or_prefix
+
+
+async def set_key_limits(
+    engine: AsyncEngine, key_id_or_prefix: str, limits: Mapping[str, Any], *, replace: bool = False
+) -> dict[str, Any] | None:
+    """Set some of an active key's limits (`replace`: the whole set); returns the key's limits
+    now, or None when no active key matches. Gateways apply them within key_cache_ttl_s."""
+    checked = parse_limits(limits)
+    async with engine.begin() as connection:
+        row = (
+            await connection.execute(
+                select(api_keys.c.id, api_keys.c.limits)
+                .where(_key_condition(key_id_or_prefix), api_keys.c.revoked_at.is_(None))
+                .with_for_update()
+            )
+        ).first()
+        if row is None:
+            return None
+        updated = checked if replace else {**(row.limits or {}), **checked}
+        await connection.execute(update(api_keys).where(api_keys.c.id == row.id).values(limits=updated))
+    return updated
+
+
+async def revoke_key(engine: AsyncEngine, key_id_or_prefix: str) -> int:
+    condition = _key_condition(key_id_or_prefix)
     async with engine.begin() as connection:
         result = await connection.execute(
             update(api_keys).where(condition, api_keys.c.revoked_at.is_(None)).values(revoked_at=func.now())
@@ -92,6 +154,7 @@ async def list_keys(engine: AsyncEngine) -> list[dict[str, object]]:
                 api_keys.c.key_prefix,
                 api_keys.c.created_at,
                 api_keys.c.revoked_at,
+                api_keys.c.limits,
             ).order_by(api_keys.c.created_at)
         )
         return [dict(row._mapping) for row in rows]
@@ -122,11 +185,19 @@ class KeyCache:
             return
         async with self.engine.connect() as connection:
             rows = await connection.execute(
-                select(api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role, api_keys.c.key_hash).where(
-                    api_keys.c.revoked_at.is_(None)
-                )
+                select(
+                    api_keys.c.id,
+                    api_keys.c.name,
+                    api_keys.c.tenant,
+                    api_keys.c.role,
+                    api_keys.c.key_hash,
+                    api_keys.c.limits,
+                ).where(api_keys.c.revoked_at.is_(None))
             )
-            self._keys = {row.key_hash: KeyInfo(row.id, row.name, row.tenant, row.role) for row in rows}
+            self._keys = {
+                row.key_hash: KeyInfo(row.id, row.name, row.tenant, row.role, _stored_limits(row.limits, row.name))
+                for row in rows
+            }
         self._misses.clear()
 
     async def authenticate(self, key: str) -> KeyInfo | None:
@@ -154,9 +225,11 @@ class KeyCache:
         async with self.engine.connect() as connection:
             row = (
                 await connection.execute(
-                    select(api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role).where(
+                    select(api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role, api_keys.c.limits).where(
                         api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None)
                     )
                 )
             ).first()
-        return KeyInfo(row.id, row.name, row.tenant, row.role) if row else None
+        if row is None:
+            return None
+        return KeyInfo(row.id, row.name, row.tenant, row.role, _stored_limits(row.limits, row.name))

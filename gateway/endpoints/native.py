@@ -34,6 +34,7 @@ from gateway.auth.keys import KeyInfo
 from gateway.endpoints.chat_completions.sse import EVENT_END
 from gateway.http.asgi import JSON_HEADERS, SSE_HEADERS, Scope, Send, send_response
 from gateway.http.errors import GatewayError
+from gateway.limits.limiter import NOT_LIMITED, Admission, RateLimited, estimate_tokens
 from gateway.state import GatewayState
 from gateway.trajectories.stitching import (
     KEY_BYTES,
@@ -160,7 +161,12 @@ class NativeCall:
         self.started = started
         self.created_at = created_at
         self.call_id: uuid.UUID = new_call_id()
-        self.assignment = assign(state, key, protocol.keys(key.tenant, model, body), client_trajectory_id)
+        self.assignment = state.trajectory_cap.admit(
+            assign(state, key, protocol.keys(key.tenant, model, body), client_trajectory_id),
+            secret=state.instance_secret,
+            tenant=key.tenant,
+        )
+        self.admission: Admission = NOT_LIMITED
         self.target: UpstreamTarget | None = None
         self.ttft_ms: float | None = None
         internal = str(self.assignment.trajectory_id).encode()
@@ -206,6 +212,8 @@ class NativeCall:
                 "stitch_pending": self.assignment.stitch_pending,
             }
         )
+        self.state.limiter.settle(self.admission, self.target, prompt, completion)
+        self.state.trajectory_cap.add_tokens(self.assignment.trajectory_id, (prompt or 0) + (completion or 0))
         trajectory = OpenTrajectory(self.assignment.trajectory_id, None)
         for continuation in keys:
             self.state.stitch_index.register(continuation, trajectory)
@@ -292,6 +300,12 @@ async def forward_request(
 ) -> None:
     """One request of `protocol` to the deployments of `plan` that speak it: forwarded, relayed,
     recorded and counted (the handlers of both protocols call this)."""
+    try:  # the key's and tenant's limits, from memory (gateway/limits)
+        admission = state.limiter.admit(key, estimate_tokens(len(raw)))
+    except RateLimited as limited:
+        metrics.REQUESTS.labels(protocol.name, metrics.status_class(limited.status)).inc()
+        await protocol.send_error(send, limited, limited.headers)
+        return
     call = NativeCall(
         state,
         protocol,
@@ -303,6 +317,8 @@ async def forward_request(
         started=started,
         created_at=created_at,
     )
+    call.admission = admission
+    call.headers.extend(admission.headers)
     state.redact_early(call.call_id, call.assignment.trajectory_id, None, body)  # while the upstream works
     order = attempt_order(plan.targets, plan.primary_count, state.settings.router_settings.num_retries)
     targets = [target for target in order if protocol.name in target.protocols]

@@ -15,6 +15,7 @@ import orjson
 from gateway import metrics
 from gateway.http.asgi import Receive, Scope, Send, read_body, send_error
 from gateway.http.errors import GatewayError
+from gateway.limits.limiter import RateLimited, estimate_tokens
 from gateway.state import GatewayState
 
 HOP_BY_HOP = {
@@ -39,8 +40,10 @@ class PassthroughEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await self.state.authenticate(scope)
+            key = await self.state.authenticate(scope)
             body = await read_body(receive, scope, self.state.settings.limits.max_body_bytes)
+            # Limits: the request and its estimated tokens count (the answer is not parsed here).
+            admission = self.state.limiter.admit(key, estimate_tokens(len(body)))
             model = None
             if body[:1] == b"{":
                 try:
@@ -74,7 +77,7 @@ class PassthroughEndpoint:
                 ) from exc
         except GatewayError as error:
             metrics.REQUESTS.labels(ENDPOINT, metrics.status_class(error.status)).inc()
-            await send_error(send, error)
+            await send_error(send, error, error.headers if isinstance(error, RateLimited) else ())
             return
         except ConnectionResetError:
             return
@@ -84,6 +87,7 @@ class PassthroughEndpoint:
                 for k, v in response.headers.items()
                 if k.lower().encode() not in HOP_BY_HOP
             ]
+            out_headers += admission.headers
             await send({"type": "http.response.start", "status": response.status, "headers": out_headers})
             async for chunk in response.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

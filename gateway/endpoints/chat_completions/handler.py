@@ -35,6 +35,7 @@ from gateway.http.asgi import (
     send_response,
 )
 from gateway.http.errors import GatewayError, UpstreamStatusError, error_body
+from gateway.limits.limiter import NOT_LIMITED, Admission, RateLimited, estimate_tokens
 from gateway.policies.versions import ServingVersion
 from gateway.state import GatewayState
 from gateway.trajectories.stitching import (
@@ -80,6 +81,7 @@ class CallContext:
         "headers",
         "wire",
         "strip_usage",
+        "admission",
     )
 
     def __init__(
@@ -129,6 +131,7 @@ class CallContext:
                 self.strip_usage = not isinstance(wire, TranslatingWire)
         self.ttft_ms: float | None = None
         self.target: UpstreamTarget | None = None
+        self.admission: Admission = NOT_LIMITED  # the limits' reservation, settled in _finish
         internal = str(assignment.trajectory_id).encode()
         # A client that names its run gets its own name back; the internal id, accepted
         # everywhere the name is, travels in its own header.
@@ -252,6 +255,12 @@ class ChatCompletionsEndpoint:
         """Run one parsed chat request (the client's own, or one translated from another
         protocol, whose `wire` translates the answer back) and record it."""
         endpoint = wire.protocol
+        try:  # the key's and tenant's limits, from memory (gateway/limits)
+            admission = self.state.limiter.admit(key, estimate_tokens(len(request.raw)))
+        except RateLimited as limited:
+            metrics.REQUESTS.labels(endpoint, metrics.status_class(limited.status)).inc()
+            await wire.send_error(send, limited, limited.headers)
+            return
         assignment = assign_trajectory(
             self.state.stitch_index,
             secret=self.state.instance_secret,
@@ -260,6 +269,7 @@ class ChatCompletionsEndpoint:
             messages=request.messages,
             client_trajectory_id=request.client_trajectory_id,
         )
+        assignment = self.state.trajectory_cap.admit(assignment, secret=self.state.instance_secret, tenant=key.tenant)
         version = None
         if plan.policy is not None:
             continued = assignment.continued
@@ -279,6 +289,8 @@ class ChatCompletionsEndpoint:
             call.call_id, call.assignment.trajectory_id, policy_name, request.body, wire.native_request()
         )
         call.version = version
+        call.admission = admission
+        call.headers.extend(admission.headers)
         status = 500
         try:
             if request.stream:
@@ -295,6 +307,9 @@ class ChatCompletionsEndpoint:
     def _finish(self, call: CallContext, status: int, response: dict[str, Any] | None, error: Any) -> None:
         record, keys = call.record(status, response, error)
         self.state.record(record)
+        prompt, completion = record["prompt_tokens"], record["completion_tokens"]
+        self.state.limiter.settle(call.admission, call.target, prompt, completion)
+        self.state.trajectory_cap.add_tokens(call.assignment.trajectory_id, (prompt or 0) + (completion or 0))
         if status == 200:
             call.wire.recorded(response, call.assignment.trajectory_id)
         trajectory = OpenTrajectory(call.assignment.trajectory_id, call.version.id if call.version else None)
