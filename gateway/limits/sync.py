@@ -21,6 +21,8 @@ from gateway.limits.limiter import MINUTE_S, Limiter
 from gateway.store.connection import driver_connection
 from gateway.workers import PeriodicWorker
 
+STOP_SYNC_TIMEOUT_S = 2.0
+
 _UPSERT = """
 INSERT INTO limit_counters AS c (process_id, scope, window_s, window_index, requests, tokens, spend_usd, updated_at)
 SELECT %(process)s, u.scope, u.window_s, u.window_index, u.requests, u.tokens, u.spend_usd, now()
@@ -69,7 +71,12 @@ class LimitSync:
 
     async def stop(self) -> None:
         await self.worker.stop()
-        await self.worker.run_once()  # the last counts, for the processes that go on
+        # The last counts, for the processes that go on; bounded, so that a store that is down
+        # does not hold up shutdown (the journal's shipping comes after this).
+        try:
+            await asyncio.wait_for(self.worker.run_once(), timeout=STOP_SYNC_TIMEOUT_S)
+        except asyncio.TimeoutError:  # TimeoutError itself only from Python 3.11
+            pass
 
     async def step(self) -> None:
         if not self.limiter.active and self._loaded:
