@@ -298,9 +298,43 @@ def run_once(
             ).fetchone()
             if paused and paused[0]:
                 return RunOutcome("paused", policy.name)
-            return _locked_run(connection, settings, policy, trainer, trigger, progress)
+            outcome = _locked_run(connection, settings, policy, trainer, trigger, progress)
+            if connection.broken and outcome.run_id is not None:
+                _record_lost_connection(url, outcome)
+            return outcome
         finally:
-            connection.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(policy.name)))
+            if not connection.broken:  # a lost connection took the lock with it
+                connection.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(policy.name)))
+
+
+def _record_lost_connection(url: str, outcome: RunOutcome, attempts: int = 5, delay_s: float = 2.0) -> None:
+    """The run's connection died (PostgreSQL restarted, the network broke): its final transaction
+    rolled back, so no version row exists and no trajectory is marked. Say so on the run's row over
+    a new connection, retried for a while; if the database stays away, the log says it and the
+    next run closes the row as interrupted."""
+    outcome.error = (
+        f"database connection lost: {outcome.error}; nothing was committed (no version, no trajectory "
+        "marked trained), the next run retries"
+    )
+    for attempt in range(1, attempts + 1):
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=5) as connection:
+                connection.execute(
+                    "UPDATE training_runs SET status = 'failed', finished_at = now(), error = %s, "
+                    "duration_s = extract(epoch FROM now() - started_at) WHERE id = %s AND status = 'running'",
+                    (outcome.error, outcome.run_id),
+                )
+            log.error("learner run %s for %s failed: %s", outcome.run_id, outcome.policy, outcome.error)
+            return
+        except psycopg.Error as exc:
+            log.warning("run %s: recording its end, attempt %d of %d: %s", outcome.run_id, attempt, attempts, exc)
+            time.sleep(delay_s)
+    log.error(
+        "learner run %s for %s failed and the database stayed away: %s (the next run marks it interrupted)",
+        outcome.run_id,
+        outcome.policy,
+        outcome.error,
+    )
 
 
 @dataclass
