@@ -8,8 +8,9 @@ on the order in which duplicates, replays and late rewards arrive: `_RECOMPUTE` 
 superseded_at for the trajectories and keys a transaction touched.
 
 Concurrency: writers take transaction-scoped advisory locks, first on the idempotency keys
-of their batch, then on every trajectory whose rewards they may change, each set in sorted
-order (so no two writers wait on each other in a cycle). The linker takes the same locks.
+of their batch, then (when they add pending rewards under a bound) on their tenants, then on
+every trajectory whose rewards they may change, each set in sorted order (so no two writers
+wait on each other in a cycle). The linker takes the same locks.
 A deadlock with the call shipper's row locks is possible in principle; the transaction is
 then retried.
 """
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 
 import orjson
 import psycopg
+import sqlalchemy.exc
 from psycopg.rows import dict_row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -95,17 +97,27 @@ _K_LATEST = """({r}.idempotency_key IS NULL OR NOT EXISTS (
 # The slots (trajectory, name) that may change are those holding a current row, plus those of
 # the keys' rows; each slot's winner is found by walking ix_rewards_slot from the newest row
 # (history never has to be scanned), and only current rows, winners and the keys' rows are
-# candidates for a change.
+# candidates for a change. Every lookup is a LATERAL probe of an index by its key (the keys
+# through uq_rewards_idempotency, the slots through ix_rewards_current): joins left to the
+# planner scanned every current reward of the table (a fresh table's statistics say it is
+# empty), which cost milliseconds per reward and grew with the table. `OFFSET 0` keeps the
+# planner from flattening a probe back into such a join, and the rows to change are found
+# by their ids (`= ANY`), not by a join the planner may turn into a scan of the table.
 _RECOMPUTE = (
     """
-WITH kg AS (
-    SELECT r.id, r.trajectory_id, r.name FROM rewards r JOIN ({keys}) AS q(tenant, k)
-    ON r.tenant = q.tenant AND r.idempotency_key = q.k
-), trajs AS (
+WITH q(tenant, k) AS (
+    {keys}
+), kg AS (
+    SELECT r.id, r.trajectory_id, r.name FROM q
+    CROSS JOIN LATERAL (SELECT r.id, r.trajectory_id, r.name FROM rewards r
+                        WHERE r.tenant = q.tenant AND r.idempotency_key = q.k OFFSET 0) r
+), trajs(trajectory_id) AS (
     {trajectories} UNION SELECT trajectory_id FROM kg WHERE trajectory_id IS NOT NULL
 ), slots AS (
-    SELECT r.trajectory_id, r.name FROM rewards r
-    WHERE r.trajectory_id IN (SELECT * FROM trajs) AND r.status = 'linked' AND r.superseded_at IS NULL
+    SELECT c.trajectory_id, c.name FROM trajs t
+    CROSS JOIN LATERAL (SELECT r.trajectory_id, r.name FROM rewards r
+                        WHERE r.trajectory_id = t.trajectory_id AND r.status = 'linked'
+                          AND r.superseded_at IS NULL OFFSET 0) c
     UNION SELECT trajectory_id, name FROM kg WHERE trajectory_id IS NOT NULL
 ), win AS (
     SELECT w.id FROM slots s
@@ -117,8 +129,10 @@ WITH kg AS (
     + """
         ORDER BY r.observed_at DESC, r.seq DESC LIMIT 1) w
 ), cand AS (
-    SELECT r.id FROM rewards r JOIN slots s ON r.trajectory_id = s.trajectory_id AND r.name = s.name
-    WHERE r.status = 'linked' AND r.superseded_at IS NULL
+    SELECT c.id FROM slots s
+    CROSS JOIN LATERAL (SELECT r.id FROM rewards r
+                        WHERE r.trajectory_id = s.trajectory_id AND r.name = s.name AND r.status = 'linked'
+                          AND r.superseded_at IS NULL OFFSET 0) c
     UNION SELECT id FROM win
     UNION SELECT id FROM kg
 ), decided AS (
@@ -127,9 +141,11 @@ WITH kg AS (
     + _K_LATEST.format(r="c")
     + """)) AS keep
     FROM rewards c JOIN cand USING (id)
+), flips AS (
+    SELECT id, keep FROM decided WHERE keep = (superseded_at IS NOT NULL)
 )
-UPDATE rewards u SET superseded_at = CASE WHEN d.keep THEN NULL ELSE now() END
-FROM decided d WHERE u.id = d.id AND d.keep = (d.superseded_at IS NOT NULL)
+UPDATE rewards u SET superseded_at = CASE WHEN f.keep THEN NULL ELSE now() END
+FROM flips f WHERE u.id = f.id AND u.id = ANY(ARRAY(SELECT id FROM flips))
 """
 )
 
@@ -293,16 +309,10 @@ WHERE status = 'pending' AND tenant = ANY(%(tenants)s::text[]) GROUP BY tenant
 """
 
 
-async def _refuse_too_many_pending(
-    cursor: psycopg.AsyncCursor[dict[str, Any]], adding: dict[str, int], limit: int | None
-) -> None:
-    if limit is None or not adding:
-        return
-    await cursor.execute(_PENDING_COUNTS, {"tenants": sorted(adding)})
-    held = {row["tenant"]: int(row["n"]) for row in await cursor.fetchall()}
-    for tenant, count in sorted(adding.items()):
-        if held.get(tenant, 0) + count > limit:
-            raise TooManyPending(tenant, held.get(tenant, 0), count, limit)
+async def _pending_held(cursor: psycopg.AsyncCursor[dict[str, Any]], tenants: set[str]) -> dict[str, int]:
+    """How many pending rewards each tenant holds (the bound is checked per request against it)."""
+    await cursor.execute(_PENDING_COUNTS, {"tenants": sorted(tenants)})
+    return {row["tenant"]: int(row["n"]) for row in await cursor.fetchall()}
 
 
 async def expire_pending_rewards(engine: AsyncEngine, older_than_s: float) -> int:
@@ -369,6 +379,38 @@ async def _retrying(engine: AsyncEngine, work: Callable[[psycopg.AsyncCursor[dic
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
+@dataclass(frozen=True, slots=True)
+class IntakeRequest:
+    """The rewards of one HTTP request (or one judgement): stored all together or refused all together."""
+
+    rewards: Sequence[NewReward]
+    check: Checker
+    signature: SignatureUse | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ingested:
+    """A request's answer: its stored rewards in request order, and whether every one of them was
+    stored before (under its idempotency key, with the same content)."""
+
+    stored: list[StoredReward]
+    replayed: bool
+
+
+# What one request of a group gets: its answer, or the exception that refuses it (raised by its
+# checker, ReplayedSignature, TooManyPending).
+Outcome = Ingested | Exception
+
+
+def store_unavailable(error: BaseException) -> bool:
+    """Whether an error says that PostgreSQL could not be reached (or the pool had no connection),
+    rather than that a statement failed: a retry later can succeed, and a group need not be split."""
+    return isinstance(
+        error,
+        psycopg.OperationalError | sqlalchemy.exc.OperationalError | sqlalchemy.exc.TimeoutError | OSError,
+    )
+
+
 async def ingest_rewards(
     engine: AsyncEngine,
     rewards: Sequence[NewReward],
@@ -377,37 +419,103 @@ async def ingest_rewards(
     signature: SignatureUse | None = None,
     max_pending: int | None = None,
 ) -> tuple[list[StoredReward], bool]:
-    """Store a batch of rewards in one transaction: all or nothing.
+    """Store a batch of rewards in one transaction: all or nothing (raises what refuses it).
 
-    Returns the stored rewards in batch order, and whether every one of them was stored before
-    (under its idempotency key, with the same content).
+    Returns the stored rewards in batch order, and whether every one of them was stored before.
     """
-    hashes = [content_hash(reward) for reward in rewards]
-    keyed = sorted({(r.tenant, r.idempotency_key) for r in rewards if r.idempotency_key})
+    [outcome] = await ingest_group(engine, [IntakeRequest(rewards, check, signature)], max_pending=max_pending)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome.stored, outcome.replayed
 
-    async def work(cursor: psycopg.AsyncCursor[dict[str, Any]]) -> tuple[list[StoredReward], bool]:
-        if signature is not None:
-            await _use_signature(cursor, signature)
+
+async def ingest_group(
+    engine: AsyncEngine, requests: Sequence[IntakeRequest], *, max_pending: int | None = None
+) -> list[Outcome]:
+    """Store the rewards of several requests in one transaction (group commit), each request all or
+    nothing: a request refused by its checker, a replayed signature or the pending bound is left
+    out and gets its exception; the others are stored as if they had arrived one after the other,
+    in list order. A database error fails the whole transaction (raised).
+
+    The statements are the same whatever the number of requests, so a group of 100 single rewards
+    costs about what one costs.
+    """
+    hashes = [[content_hash(reward) for reward in request.rewards] for request in requests]
+    keyed = sorted({(r.tenant, r.idempotency_key) for q in requests for r in q.rewards if r.idempotency_key})
+
+    async def work(cursor: psycopg.AsyncCursor[dict[str, Any]]) -> list[Outcome]:
+        refused: dict[int, Exception] = {}
+        signed = await _use_signatures(cursor, requests, refused)
         await _lock(cursor, {lock_key(b"k", tenant, key) for tenant, key in keyed})
         existing, key_trajectories = await _stored_under_keys(cursor, keyed)
-        answer_ids, fresh = _known_and_fresh(rewards, hashes, existing)
-        if fresh:
-            await _insert(cursor, rewards, hashes, fresh, key_trajectories, check, max_pending)
-        stored = await _read_rewards(cursor, set(answer_ids.values()))
-        return [stored[answer_ids[position]] for position in range(len(rewards))], not fresh
+        candidates = [
+            (i, j)
+            for i, request in enumerate(requests)
+            if i not in refused
+            for j, reward in enumerate(request.rewards)
+            if not (reward.idempotency_key and (reward.tenant, reward.idempotency_key, hashes[i][j]) in existing)
+        ]
+        resolved = await _resolve(cursor, requests, candidates)
+        unresolved = {requests[i].rewards[j].tenant for i, j in candidates if resolved[(i, j)][0] is None}
+        held: dict[str, int] = {}
+        if max_pending is not None and unresolved:
+            # Counted under a lock per tenant: two transactions may not both fill the last room.
+            await _lock(cursor, {lock_key(b"p", tenant) for tenant in unresolved})
+            held = await _pending_held(cursor, unresolved)
+        accepted: list[tuple[int, dict[int, uuid.UUID], list[int]]] = []
+        for i, request in enumerate(requests):
+            if i in refused:
+                continue
+            answer_ids, fresh, added = _known_and_fresh(request.rewards, hashes[i], existing)
+            problem = _refusal(request, [(j, resolved[(i, j)]) for j in fresh], held, max_pending)
+            if problem is not None:
+                refused[i] = problem
+                continue
+            existing.update(added)
+            accepted.append((i, answer_ids, fresh))
+        released = [use[0] for i in signed if i in refused and (use := requests[i].signature) is not None]
+        if released:  # a refused delivery can be retried with the same signature
+            await cursor.execute("DELETE FROM reward_signatures WHERE signature = ANY(%s::bytea[])", (released,))
+        fresh_rewards = [(i, j) for i, _, fresh in accepted for j in fresh]
+        if fresh_rewards:
+            await _insert(cursor, requests, hashes, fresh_rewards, resolved, key_trajectories)
+        stored = await _read_rewards(cursor, {reward_id for _, ids, _ in accepted for reward_id in ids.values()})
+        answers: dict[int, Outcome] = dict(refused)
+        for i, answer_ids, fresh in accepted:
+            rewards = [stored[answer_ids[j]] for j in range(len(requests[i].rewards))]
+            answers[i] = Ingested(rewards, replayed=not fresh)
+        return [answers[i] for i in range(len(requests))]
 
     return await _retrying(engine, work)
 
 
-async def _use_signature(cursor: psycopg.AsyncCursor[dict[str, Any]], signature: SignatureUse) -> None:
-    """Record a webhook signature, in the rewards' transaction: a failed delivery can be retried."""
+async def _use_signatures(
+    cursor: psycopg.AsyncCursor[dict[str, Any]], requests: Sequence[IntakeRequest], refused: dict[int, Exception]
+) -> list[int]:
+    """Record the webhook signatures in the rewards' transaction (a failed delivery can be retried);
+    a signature recorded before, or twice in the group, refuses its request. Returns the requests
+    whose signature this transaction recorded."""
+    first: dict[bytes, int] = {}
+    for i, request in enumerate(requests):
+        if request.signature is not None:
+            if request.signature[0] in first:
+                refused[i] = ReplayedSignature()
+            else:
+                first[request.signature[0]] = i
+    if not first:
+        return []
+    uses = [use for i in first.values() if (use := requests[i].signature) is not None]
     await cursor.execute(
-        "INSERT INTO reward_signatures (signature, tenant, signed_at) VALUES (%s, %s, to_timestamp(%s)) "
-        "ON CONFLICT DO NOTHING RETURNING 1",
-        signature,
+        "INSERT INTO reward_signatures (signature, tenant, signed_at) "
+        "SELECT s, t, to_timestamp(at) FROM unnest(%s::bytea[], %s::text[], %s::float8[]) AS u(s, t, at) "
+        "ON CONFLICT DO NOTHING RETURNING signature",
+        ([use[0] for use in uses], [use[1] for use in uses], [use[2] for use in uses]),
     )
-    if await cursor.fetchone() is None:
-        raise ReplayedSignature()
+    recorded = {bytes(row["signature"]) for row in await cursor.fetchall()}
+    for digest, i in first.items():
+        if digest not in recorded:
+            refused[i] = ReplayedSignature()
+    return [i for digest, i in first.items() if digest in recorded]
 
 
 async def _stored_under_keys(
@@ -429,73 +537,103 @@ async def _stored_under_keys(
 
 def _known_and_fresh(
     rewards: Sequence[NewReward], hashes: list[str], existing: dict[tuple[str, str, str], uuid.UUID]
-) -> tuple[dict[int, uuid.UUID], list[int]]:
-    """The id that answers each position, and the positions to insert: a key repeated with the same
-    content (stored before, or earlier in this batch) is stored once."""
+) -> tuple[dict[int, uuid.UUID], list[int], dict[tuple[str, str, str], uuid.UUID]]:
+    """The id that answers each position, the positions to insert, and the keyed slots they add
+    (for `existing` once the request is accepted): a key repeated with the same content (stored
+    before, earlier in the group, or earlier in this request) is stored once."""
     answer_ids: dict[int, uuid.UUID] = {}
     fresh: list[int] = []
+    added: dict[tuple[str, str, str], uuid.UUID] = {}
     for position, reward in enumerate(rewards):
         slot = (reward.tenant, reward.idempotency_key or "", hashes[position])
-        known = existing.get(slot) if reward.idempotency_key else None
+        known = (existing.get(slot) or added.get(slot)) if reward.idempotency_key else None
         if known is not None:
             answer_ids[position] = known
             continue
         fresh.append(position)
         answer_ids[position] = reward.id
         if reward.idempotency_key:
-            existing[slot] = reward.id
-    return answer_ids, fresh
+            added[slot] = reward.id
+    return answer_ids, fresh, added
+
+
+# (trajectory, policy) of a reward's target when it is stored; (None, None) when it is not.
+Resolved = tuple[uuid.UUID | None, str | None]
+
+
+async def _resolve(
+    cursor: psycopg.AsyncCursor[dict[str, Any]], requests: Sequence[IntakeRequest], positions: list[tuple[int, int]]
+) -> dict[tuple[int, int], Resolved]:
+    """The stored trajectory (root, after merges) and policy that each reward's target names."""
+    if not positions:
+        return {}
+    items = []
+    for ord_, (i, j) in enumerate(positions):
+        reward = requests[i].rewards[j]
+        items.append(
+            {
+                "ord": ord_,
+                "tenant": reward.tenant,
+                "target_trajectory_id": reward.target_trajectory_id,
+                "target_call": reward.target_call,
+            }
+        )
+    await cursor.execute(_RESOLVE, {"items": orjson.dumps(items).decode()})
+    rows = {row["ord"]: (row["trajectory_id"], row["policy"]) for row in await cursor.fetchall()}
+    return {position: rows.get(ord_, (None, None)) for ord_, position in enumerate(positions)}
+
+
+def _refusal(
+    request: IntakeRequest,
+    fresh: list[tuple[int, Resolved]],
+    held: dict[str, int],
+    max_pending: int | None,
+) -> Exception | None:
+    """Why the request is refused (its checker, on the fresh rewards whose policy is known; then the
+    pending bound), or None; an accepted request's pending rewards are added to `held`."""
+    try:
+        request.check([(j, policy) for j, (trajectory, policy) in fresh if trajectory is not None])
+    except Exception as refusal:  # the checker's error is the request's answer
+        return refusal
+    adding: dict[str, int] = {}
+    for j, (trajectory, _) in fresh:
+        if trajectory is None:
+            tenant = request.rewards[j].tenant
+            adding[tenant] = adding.get(tenant, 0) + 1
+    if max_pending is not None:
+        for tenant, count in sorted(adding.items()):
+            if held.get(tenant, 0) + count > max_pending:
+                return TooManyPending(tenant, held.get(tenant, 0), count, max_pending)
+    for tenant, count in adding.items():
+        held[tenant] = held.get(tenant, 0) + count
+    return None
 
 
 async def _insert(
     cursor: psycopg.AsyncCursor[dict[str, Any]],
-    rewards: Sequence[NewReward],
-    hashes: list[str],
-    fresh: list[int],
+    requests: Sequence[IntakeRequest],
+    hashes: list[list[str]],
+    fresh: list[tuple[int, int]],
+    resolved: dict[tuple[int, int], Resolved],
     key_trajectories: set[uuid.UUID],
-    check: Checker,
-    max_pending: int | None = None,
 ) -> None:
-    """Resolve the fresh rewards' trajectories, let `check` refuse the batch (and the pending
-    bound), insert, and bring the current rewards and groups of every trajectory they touch up to date."""
-    await cursor.execute(
-        _RESOLVE,
-        {
-            "items": orjson.dumps(
-                [
-                    {
-                        "ord": position,
-                        "tenant": rewards[position].tenant,
-                        "target_trajectory_id": rewards[position].target_trajectory_id,
-                        "target_call": rewards[position].target_call,
-                    }
-                    for position in fresh
-                ]
-            ).decode()
-        },
-    )
-    resolved: dict[int, uuid.UUID | None] = {}
-    policies: list[tuple[int, str | None]] = []
-    for row in await cursor.fetchall():
-        resolved[row["ord"]] = row["trajectory_id"]
-        if row["trajectory_id"]:
-            policies.append((row["ord"], row["policy"]))
-    check(policies)
-    adding: dict[str, int] = {}
-    for position in fresh:
-        if resolved.get(position) is None:
-            adding[rewards[position].tenant] = adding.get(rewards[position].tenant, 0) + 1
-    await _refuse_too_many_pending(cursor, adding, max_pending)
-    trajectories = {trajectory for trajectory in resolved.values() if trajectory}
+    """Insert the fresh rewards (in group order) and bring the current rewards and groups of every
+    trajectory they touch up to date."""
+    trajectories = {t for position in fresh if (t := resolved[position][0]) is not None}
     await _lock(cursor, {lock_key(b"t", t) for t in trajectories | key_trajectories})
-    rows = [_insert_row(position, rewards[position], hashes[position], resolved[position]) for position in fresh]
+    rows = [
+        _insert_row(ord_, requests[i].rewards[j], hashes[i][j], resolved[(i, j)][0])
+        for ord_, (i, j) in enumerate(fresh)
+    ]
     await cursor.execute(_INSERT, {"rows": orjson.dumps(rows).decode()})
-    new_keys = sorted({(rewards[p].tenant, rewards[p].idempotency_key) for p in fresh if rewards[p].idempotency_key})
+    new_keys = sorted(
+        {(r.tenant, r.idempotency_key) for r in (requests[i].rewards[j] for i, j in fresh) if r.idempotency_key}
+    )
     await cursor.execute(
         _RECOMPUTE_GIVEN,
         {"trajectories": list(trajectories), "tenants": [t for t, _ in new_keys], "keys": [k for _, k in new_keys]},
     )
-    if trajectories and any(rewards[position].group_id for position in fresh):
+    if trajectories and any(requests[i].rewards[j].group_id for i, j in fresh):
         await cursor.execute(_GROUPS_GIVEN, {"trajectories": list(trajectories)})
 
 

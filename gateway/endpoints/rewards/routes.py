@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -29,24 +30,27 @@ from gateway.endpoints.rewards.protocol import (
 )
 from gateway.http.errors import GatewayError
 from gateway.http.responses import model_response
+from gateway.rewards.group_commit import GroupCommitter
 from gateway.rewards.rules import RewardRules
 from gateway.rewards.signatures import SIGNATURE_HEADER, SignatureVerifier
 from gateway.state import GatewayState
 from gateway.store.rewards import (
-    Checker,
-    NewReward,
+    Ingested,
+    IntakeRequest,
     ReplayedSignature,
-    SignatureUse,
-    StoredReward,
     TooManyPending,
-    ingest_rewards,
+    ingest_group,
     list_unlinked,
+    store_unavailable,
 )
 from gateway.store.rewards import get_reward as load
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["rewards"])
 
 REPLAYED_HEADER = "Idempotent-Replayed"
+# What a sender should wait before retrying when PostgreSQL is unreachable.
+RETRY_AFTER_S = 1
 _REQUEST = TypeAdapter(RewardIn | RewardBatchIn)
 
 
@@ -125,6 +129,7 @@ def _state(request: Request) -> GatewayState:
         409: {"description": "A signature that was already used (replay)."},
         429: {"description": "The tenant holds `rewards.max_pending_per_tenant` pending rewards already."},
         413: {"description": "More rewards than `rewards.max_batch`, or a body over the size limit."},
+        503: {"description": "PostgreSQL is unreachable: nothing was stored; retry after `Retry-After` seconds."},
     },
     openapi_extra={**_REQUEST_SCHEMA, **_SIGNATURE_DOC},
 )
@@ -142,7 +147,13 @@ async def post_rewards(request: Request) -> Response:
         instance_secret=state.instance_secret,
     )
     items = [new_reward(reward, index, intake) for index, reward in enumerate(rewards)]
-    stored, replayed = await _ingest(state, items, policy_check(_rules(request), rewards, intake), sender.signature)
+    ingest = IntakeRequest(items, policy_check(_rules(request), rewards, intake), sender.signature)
+    try:
+        ingested = await _ingest(request, state, ingest)
+    except StoreUnavailable as error:
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
+        return Response(error.body(), status_code=503, media_type="application/json", headers=headers)
+    stored, replayed = ingested.stored, ingested.replayed
     if any(reward.status == "pending" for reward in stored):
         state.reward_linker.wake()
     if state.tracer is not None and not replayed:  # a replay's spans went out the first time
@@ -168,17 +179,16 @@ async def _sender(request: Request, state: GatewayState, body: bytes) -> Sender:
     return Sender(tenant=key.tenant, source="key", api_key_id=key.id, signature=None)
 
 
-async def _ingest(
-    state: GatewayState, items: list[NewReward], check: Checker, signature: SignatureUse | None
-) -> tuple[list[StoredReward], bool]:
+async def _ingest(request: Request, state: GatewayState, ingest: IntakeRequest) -> Ingested:
+    """A single reward joins the process's group commit; a batch is its own transaction."""
+    max_pending = state.settings.rewards.max_pending_per_tenant
     try:
-        return await ingest_rewards(
-            state.engine,
-            items,
-            check=check,
-            signature=signature,
-            max_pending=state.settings.rewards.max_pending_per_tenant,
-        )
+        if len(ingest.rewards) == 1:
+            return await _committer(request, state).submit(ingest)
+        [outcome] = await ingest_group(state.engine, [ingest], max_pending=max_pending)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
     except TooManyPending as exc:
         raise GatewayError(429, str(exc), code="too_many_pending_rewards") from None
     except ReplayedSignature:
@@ -188,6 +198,32 @@ async def _ingest(
             param=SIGNATURE_HEADER,
             code="signature_replayed",
         ) from None
+    except Exception as exc:
+        if store_unavailable(exc):
+            log.warning("rewards not stored, PostgreSQL unavailable: %r", exc)
+            raise StoreUnavailable() from exc
+        raise
+
+
+class StoreUnavailable(GatewayError):
+    """PostgreSQL could not be reached: nothing was confirmed stored; the sender retries."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            503,
+            "the reward store (PostgreSQL) is unavailable; the reward was not stored, retry later "
+            "(with an idempotency_key a retry is never stored twice)",
+            code="store_unavailable",
+        )
+
+
+def _committer(request: Request, state: GatewayState) -> GroupCommitter:
+    """Built on first use, one per process (it holds no task between requests)."""
+    committer: GroupCommitter | None = getattr(request.app.state, "reward_committer", None)
+    if committer is None:
+        committer = GroupCommitter(state.engine, max_pending=state.settings.rewards.max_pending_per_tenant)
+        request.app.state.reward_committer = committer
+    return committer
 
 
 def _verifier(request: Request) -> SignatureVerifier:
