@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,7 +32,7 @@ from gateway.endpoints.responses import routes as responses_routes
 from gateway.endpoints.responses.handler import ResponsesEndpoint
 from gateway.endpoints.rewards import routes as rewards_routes
 from gateway.endpoints.trajectories import routes as trajectories_routes
-from gateway.http.asgi import Receive, Scope, Send, limited_receive
+from gateway.http.asgi import Receive, Scope, Send, limited_receive, send_error
 from gateway.http.errors import ERROR_TYPES, GatewayError, error_body
 from gateway.state import GatewayState
 from gateway.ui import routes as ui_routes
@@ -42,6 +43,11 @@ CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
 MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
 COUNT_TOKENS_PATHS = frozenset({"/v1/messages/count_tokens", "/messages/count_tokens"})
+# The same operations without /v1 answer POST only: other methods get 405 naming it (under /v1
+# they go to the upstream, as any /v1 request FastAPI does not route).
+POST_ONLY_WITHOUT_V1 = frozenset(
+    path for path in CHAT_PATHS | RESPONSES_PATHS | MESSAGES_PATHS | COUNT_TOKENS_PATHS if not path.startswith("/v1/")
+)
 
 
 def _error_response(error: GatewayError) -> Response:
@@ -80,11 +86,17 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
         return _error_response(error)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, error: HTTPException) -> Response:
+    async def http_error(request: Request, error: HTTPException) -> Response:
+        headers = dict(error.headers or {})
+        if error.status_code == 405:
+            # Starlette names the methods of the first route that matched the path only; a path
+            # served by several routes (GET and DELETE) must list them all (RFC 9110).
+            headers["Allow"] = ", ".join(_allowed_methods(app, request.scope))
         return Response(
             error_body(str(error.detail), ERROR_TYPES.get(error.status_code, "invalid_request_error")),
             status_code=error.status_code,
             media_type="application/json",
+            headers=headers,
         )
 
     @app.exception_handler(RequestValidationError)
@@ -99,6 +111,15 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
         )
 
     return app
+
+
+def _allowed_methods(app: FastAPI, scope: MutableMapping[str, Any]) -> list[str]:
+    """Every method the app's routes answer on this request's path, in a stable order."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if route.matches(scope)[0] == Match.PARTIAL:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 class GatewayApp:
@@ -129,6 +150,9 @@ class GatewayApp:
                 return
             if path in COUNT_TOKENS_PATHS and scope["method"] == "POST":
                 await self.messages.count_tokens(scope, receive, send)
+                return
+            if path in POST_ONLY_WITHOUT_V1:
+                await send_error(send, GatewayError(405, "Method Not Allowed"), [(b"allow", b"POST")])
                 return
             if path.startswith("/v1/") and not self._fastapi_handles(scope):
                 await self.passthrough(scope, receive, send)

@@ -37,7 +37,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Header, Security
 from fastapi.openapi.utils import get_openapi
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -63,6 +63,7 @@ from gateway.endpoints.responses.protocol import (
     ResponsesRequest,
     ResponseStreamEvent,
 )
+from gateway.http.documented import ANTHROPIC_KEY, ERROR_DESCRIPTIONS, GATEWAY_KEY
 
 REF = "#/components/schemas/"
 WITHOUT_V1 = "without /v1"
@@ -100,25 +101,19 @@ TAGS: list[dict[str, Any]] = [
 
 # ---- what the declarations share --------------------------------------------------------
 
-GATEWAY_KEY = HTTPBearer(
-    scheme_name="GatewayKey",
-    description="A gateway key (`apprentice keys create`); none is needed with `auth.mode: open`.",
-    auto_error=False,
-)
-ANTHROPIC_KEY = APIKeyHeader(
-    name="x-api-key",
-    scheme_name="AnthropicApiKey",
-    description="A gateway key, as Anthropic's clients send `ANTHROPIC_API_KEY` (`Authorization: Bearer` works too).",
-    auto_error=False,
-)
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(GATEWAY_KEY)]
 XApiKey = Annotated[str | None, Security(ANTHROPIC_KEY)]
+# A run's and a group's name: at most 256 characters, not blank (request.py refuses others with 400).
+NAME_LENGTH = 256
+NOT_BLANK = r"\S"
 TrajectoryId = Annotated[
     str | None,
     Header(
         alias="X-Trajectory-Id",
         description="The client's name for its run: the call joins that trajectory. "
         "Without it, calls are stitched into runs by their content. The value the gateway returned works too.",
+        max_length=NAME_LENGTH,
+        pattern=NOT_BLANK,
     ),
 ]
 GroupId = Annotated[
@@ -126,6 +121,8 @@ GroupId = Annotated[
     Header(
         alias="X-Group-Id",
         description="The task group of the run (runs of one task, compared with each other in training).",
+        max_length=NAME_LENGTH,
+        pattern=NOT_BLANK,
     ),
 ]
 AnthropicVersion = Annotated[
@@ -158,10 +155,10 @@ RECORDED = (
 ERRORS: dict[int, str] = {
     400: "The request is malformed (not a JSON object, a required field missing or of the wrong type; the "
     "message and `param` name the field), or the upstream's own 400.",
-    401: "No API key, or an unknown or revoked one.",
+    401: ERROR_DESCRIPTIONS[401],
     404: "The model is not served here (the message lists the models that are).",
-    413: "The body is over `limits.max_body_bytes`.",
-    429: "The upstream's rate limit, after the gateway's retries.",
+    413: ERROR_DESCRIPTIONS[413],
+    429: "The key's rate limit (see `Retry-After`), or the upstream's after the gateway's retries.",
     502: "No upstream answered, or one answered with something unusable.",
     503: "The key store is unreachable for a key not yet known, or the upstream is unavailable.",
     504: "The upstream timed out.",
@@ -326,7 +323,7 @@ _declare(
             }
         },
     },
-    errors={status: ANTHROPIC_ERRORS[status] for status in (400, 401, 404, 413, 502)},
+    errors={status: ANTHROPIC_ERRORS[status] for status in (400, 401, 404, 413, 429, 502, 503)},
 )
 
 
@@ -347,17 +344,18 @@ _declare(
         401: OPENAI_ERRORS[401],
         404: {"model": OpenAIError, "description": "No OpenAI-compatible upstream for this model (OpenAI's format)."},
         413: OPENAI_ERRORS[413],
+        429: OPENAI_ERRORS[429],
         502: {"model": OpenAIError, "description": "The upstream did not answer (OpenAI's format)."},
+        503: OPENAI_ERRORS[503],
     },
 )
 
 # Routes of the app that answer raw bodies: their answers, documented here when they declare none.
 ANSWERS: dict[tuple[str, str], tuple[type[BaseModel], tuple[int, ...]]] = {
-    ("/v1/models", "get"): (ModelList, (401,)),
-    ("/v1/responses/{response_id}", "get"): (ResponseObject, (401, 404)),
-    ("/v1/responses/{response_id}/input_items", "get"): (InputItemList, (400, 401, 404)),
+    ("/v1/models", "get"): (ModelList, (401, 429, 503)),
+    ("/v1/responses/{response_id}", "get"): (ResponseObject, ()),
+    ("/v1/responses/{response_id}/input_items", "get"): (InputItemList, (400,)),
 }
-NOT_RECORDED = {404: "No recorded response with this id for this key's tenant."}
 
 
 # ---- the document ------------------------------------------------------------------------
@@ -414,7 +412,7 @@ def _complete(spec: dict[str, Any]) -> None:
         if not json_content.get("schema"):
             json_content["schema"] = _component(spec, answer)
         for status in statuses:
-            responses.setdefault(str(status), {"description": NOT_RECORDED.get(status, ERRORS[status])})
+            responses.setdefault(str(status), {"description": ERRORS[status]})
     openai_error = _component(spec, OpenAIError)
     for path_item in paths.values():
         for operation in path_item.values():

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import text
 
 from gateway import metrics
+from gateway.http.documented import CLIENT
 from gateway.http.errors import GatewayError
 from gateway.state import GatewayState
 
@@ -22,7 +23,7 @@ def _state(request: Request) -> GatewayState:
     return request.app.state.gateway
 
 
-@router.get("/v1/models", tags=["openai"])
+@router.get("/v1/models", tags=["openai"], dependencies=[CLIENT])
 async def list_models(request: Request) -> Response:
     state = _state(request)
     try:
@@ -48,7 +49,16 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["operations"])
+@router.get(
+    "/readyz",
+    tags=["operations"],
+    responses={
+        503: {
+            "description": "Not ready: the store does not answer, or the journal backlog is too large (the same body).",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        }
+    },
+)
 async def readyz(request: Request) -> Response:
     """Ready when the store answers and the journal backlog is bounded.
 
@@ -87,7 +97,12 @@ async def readyz(request: Request) -> Response:
     )
 
 
-@router.get("/metrics", tags=["operations"])
+@router.get(
+    "/metrics",
+    tags=["operations"],
+    response_class=PlainTextResponse,
+    responses={200: {"description": "Prometheus' text exposition format.", "content": {"text/plain": {}}}},
+)
 async def prometheus_metrics(request: Request) -> Response:
     _state(request).shipper.stats.backlog_bytes = _state(request).shipper.backlog_bytes()
     metrics.JOURNAL_BACKLOG.set(_state(request).shipper.stats.backlog_bytes)

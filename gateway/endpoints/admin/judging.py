@@ -13,11 +13,12 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from gateway.endpoints.admin.routes import _admin
+from gateway.http.documented import ADMIN, error_responses
 from gateway.http.errors import GatewayError
 from gateway.judging import store
 from gateway.judging.rubric import rubric_hash, rubric_text
 
-router = APIRouter(tags=["admin"])
+router = APIRouter(tags=["admin"], dependencies=[ADMIN], responses=error_responses(401, 403, 404, 503))
 
 
 class JudgeConfigOut(BaseModel):

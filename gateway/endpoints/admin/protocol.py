@@ -230,6 +230,17 @@ class PromoteIn(ActionIn):
 
 
 class RollbackIn(ActionIn):
+    # The document says what `_one` refuses: exactly one of the two, not null.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["version_id"], "properties": {"version_id": {"type": "string"}}},
+                {"required": ["version"], "properties": {"version": {"type": ["integer", "string"]}}},
+            ]
+        },
+    )
+
     version_id: str | None = Field(default=None, description="The retired version's id or LoRA name.")
     version: int | str | None = Field(default=None, description='Or its number (3 or "v3").')
 

@@ -34,12 +34,20 @@ from gateway.endpoints.admin.protocol import (
     VersionDetailOut,
     VersionListOut,
 )
+from gateway.http.documented import ADMIN, error_responses, timestamp_schema
 from gateway.http.errors import GatewayError
 from gateway.judging.agreement import Bucket, agreement
 from gateway.judging.agreement_store import scored_trajectories
 from gateway.state import GatewayState
 
-router = APIRouter(tags=["admin"])
+router = APIRouter(tags=["admin"], dependencies=[ADMIN], responses=error_responses(401, 403, 404, 503))
+# What a transition can also answer (see `_guard`).
+TRANSITION_ERRORS = error_responses(
+    409,
+    502,
+    s409="The version's status does not allow this transition.",
+    s502="An endpoint would not load the adapter.",
+)
 
 T = TypeVar("T")
 
@@ -115,6 +123,7 @@ async def get_version(request: Request, version: str) -> VersionDetailOut:
 @router.post(
     "/v1/admin/versions/{version}/approve",
     response_model=ActionOut,
+    responses=TRANSITION_ERRORS,
     summary="Approve a version",
     description="A candidate becomes the canary (its gates must pass); a canary is promoted. The adapter "
     "is loaded and verified at every endpoint of the policy before the status changes.",
@@ -130,6 +139,7 @@ async def approve(request: Request, version: str, body: ActionIn | None = None) 
 @router.post(
     "/v1/admin/versions/{version}/reject",
     response_model=ActionOut,
+    responses=TRANSITION_ERRORS,
     summary="Reject a version",
     description="A candidate is rejected; rejecting the canary rejects its whole lineage (the learner "
     "starts again from the promoted version). A canary stops receiving new trajectories within "
@@ -146,6 +156,7 @@ async def reject(request: Request, version: str, body: ActionIn | None = None) -
 @router.post(
     "/v1/admin/versions/{version}/promote",
     response_model=ActionOut,
+    responses=TRANSITION_ERRORS,
     summary="Promote now",
     description="Promote a candidate, canary or retired version at once; the promoted one is retired. "
     "A candidate must pass its gates unless `force` is true.",
@@ -163,6 +174,7 @@ async def promote(request: Request, version: str, body: PromoteIn | None = None)
 @router.post(
     "/v1/admin/policies/{policy}/rollback",
     response_model=ActionOut,
+    responses=TRANSITION_ERRORS,
     summary="Roll back to a version",
     description="Promote a retired version of the policy again (loaded first; refused if its files "
     "were deleted). The promoted version is retired and stays loaded for the grace period.",
@@ -214,7 +226,9 @@ async def judge_agreement(
     policy: str,
     bucket: Bucket = Query("day", description="Split the figures per `hour` or `day` (UTC) of judging."),
     since: datetime | None = Query(
-        None, description="Only groups judged at or after this time (RFC 3339, UTC when no offset, or unix seconds)."
+        None,
+        description="Only groups judged at or after this time (RFC 3339, UTC when no offset, or unix seconds).",
+        json_schema_extra=timestamp_schema,
     ),
     rubric_hash: str | None = Query(None, description="Only judgements with this rubric hash."),
 ) -> JudgeAgreementOut:

@@ -44,7 +44,7 @@ class ChatMessage(_Open):
 class ChatCompletionRequest(_Open):
     """OpenAI's chat completion request; any other field is forwarded as it is."""
 
-    model: str = Field(description="A `model_list` name or a policy (`GET /v1/models`).")
+    model: str = Field(min_length=1, description="A `model_list` name or a policy (`GET /v1/models`).")
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool | None = Field(None, description="true: answered as server-sent events (`text/event-stream`).")
     stream_options: dict[str, Any] | None = Field(

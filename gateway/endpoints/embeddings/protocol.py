@@ -17,7 +17,9 @@ class _Open(BaseModel):
 
 
 class EmbeddingsRequest(_Open):
-    model: str = Field(description="Chooses the deployment; a name not in `model_list` goes to `default_upstream`.")
+    model: str = Field(
+        min_length=1, description="Chooses the deployment; a name not in `model_list` goes to `default_upstream`."
+    )
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: int | None = None

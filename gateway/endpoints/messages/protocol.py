@@ -34,7 +34,9 @@ class AnthropicError(BaseModel):
 
 
 class MessageParam(_Open):
-    role: str = Field(description="`user` or `assistant` (`system` is accepted too).")
+    role: Literal["user", "assistant", "system"] = Field(
+        description="`user` or `assistant` (`system` is accepted too)."
+    )
     content: str | list[dict[str, Any]] = Field(
         description="Text, or content blocks (`text`, `image`, `tool_use`, `tool_result`, `thinking`, ...)."
     )
@@ -43,8 +45,8 @@ class MessageParam(_Open):
 class CountTokensRequest(_Open):
     """What `count_tokens` counts: a Messages request without `max_tokens` and `stream`."""
 
-    model: str = Field(description="A `model_list` name or a policy (`GET /v1/models`).")
-    messages: list[MessageParam]
+    model: str = Field(min_length=1, description="A `model_list` name or a policy (`GET /v1/models`).")
+    messages: list[MessageParam] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = Field(None, description="Client tools (a policy runs no server tools).")
     tool_choice: dict[str, Any] | None = None
@@ -55,7 +57,7 @@ class MessagesRequest(CountTokensRequest):
     chat completions (translate.py: `document` blocks, server tools and `mcp_servers` are refused
     with 400; `thinking` blocks and `cache_control` are dropped)."""
 
-    max_tokens: int
+    max_tokens: int = Field(ge=1)
     stream: bool | None = Field(None, description="true: answered as server-sent events (`text/event-stream`).")
     temperature: float | None = None
     top_p: float | None = None

@@ -22,7 +22,7 @@ class ResponsesRequest(_Open):
     (translate.py says how each field maps; `background: true`, `conversation`, `prompt`,
     built-in tools and file inputs are refused with 400)."""
 
-    model: str = Field(description="A `model_list` name or a policy (`GET /v1/models`).")
+    model: str = Field(min_length=1, description="A `model_list` name or a policy (`GET /v1/models`).")
     input: str | list[dict[str, Any]] | None = Field(
         None, description="Text, or input items (`message`, `function_call`, `function_call_output`, ...)."
     )

@@ -17,11 +17,15 @@ from fastapi import APIRouter, Query, Request, Response
 from psycopg.rows import dict_row
 
 from gateway.endpoints.responses.translate import input_items
+from gateway.http.documented import CLIENT, error_responses
 from gateway.http.errors import GatewayError
 from gateway.state import GatewayState
 from gateway.store.connection import driver_connection
 
-router = APIRouter(tags=["responses"])
+NOT_RECORDED = "No recorded response with this id for this key's tenant."
+router = APIRouter(
+    tags=["responses"], dependencies=[CLIENT], responses=error_responses(401, 404, 503, s404=NOT_RECORDED)
+)
 
 STORE_WAIT_S = 2.0
 

@@ -11,6 +11,7 @@ from pydantic import TypeAdapter
 
 from gateway.endpoints.rewards.intake import (
     IDEMPOTENCY_HEADER,
+    MAX_IDEMPOTENCY_HEADER_CHARS,
     Intake,
     Sender,
     idempotency_header,
@@ -28,6 +29,7 @@ from gateway.endpoints.rewards.protocol import (
     pending_reward_list_out,
     reward_out,
 )
+from gateway.http.documented import ADMIN, CLIENT, error_responses
 from gateway.http.errors import GatewayError
 from gateway.http.responses import model_response
 from gateway.rewards.group_commit import GroupCommitter
@@ -46,7 +48,7 @@ from gateway.store.rewards import (
 from gateway.store.rewards import get_reward as load
 
 log = logging.getLogger(__name__)
-router = APIRouter(tags=["rewards"])
+router = APIRouter(tags=["rewards"], responses=error_responses(401, 503))
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 # What a sender should wait before retrying when PostgreSQL is unreachable.
@@ -95,7 +97,7 @@ _SIGNATURE_DOC = {
             "name": IDEMPOTENCY_HEADER,
             "in": "header",
             "required": False,
-            "schema": {"type": "string"},
+            "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_HEADER_CHARS, "pattern": r"\S"},
             "description": "Sets `idempotency_key` (for a batch, item i without its own key gets `<key>:<i>`).",
         },
     ]
@@ -132,6 +134,7 @@ def _state(request: Request) -> GatewayState:
         503: {"description": "PostgreSQL is unreachable: nothing was stored; retry after `Retry-After` seconds."},
     },
     openapi_extra={**_REQUEST_SCHEMA, **_SIGNATURE_DOC},
+    dependencies=[CLIENT],
 )
 async def post_rewards(request: Request) -> Response:
     state = _state(request)
@@ -252,6 +255,8 @@ def _rules(request: Request) -> RewardRules:
         "`rewards.pending_window_s`) and rewards refused by their trajectory's policy when they linked "
         "(`rejected`). Nothing is dropped: a pending reward links whenever its trajectory lands."
     ),
+    dependencies=[ADMIN],
+    responses=error_responses(403),
 )
 async def pending_rewards(
     request: Request,
@@ -279,6 +284,8 @@ async def pending_rewards(
     response_model=RewardOut,
     summary="One stored reward",
     description="A reward by the id the gateway answered; a client key sees its own tenant's only.",
+    dependencies=[CLIENT],
+    responses=error_responses(404, s404="No such reward for this key."),
 )
 async def get_reward(request: Request, reward_id: str) -> Response:
     state = _state(request)

@@ -15,6 +15,7 @@ from gateway.endpoints.trajectories.protocol import (
     trajectory_list_out,
     trajectory_out,
 )
+from gateway.http.documented import ADMIN, CLIENT, error_responses, timestamp_schema
 from gateway.http.errors import GatewayError
 from gateway.http.responses import model_response
 from gateway.state import GatewayState
@@ -22,7 +23,8 @@ from gateway.store.deletion import delete_trajectory
 from gateway.store.trajectories import get_trajectory, list_trajectories
 from gateway.trajectories.stitching import trajectory_id_for_client
 
-router = APIRouter(tags=["trajectories"])
+router = APIRouter(tags=["trajectories"], responses=error_responses(401, 503))
+NOT_FOUND = error_responses(404, s404="No such trajectory for this key.")
 
 
 def _state(request: Request) -> GatewayState:
@@ -39,6 +41,8 @@ def _state(request: Request) -> GatewayState:
         "answers as the one it joined) or the client's own trajectory id. A client key sees its "
         "own tenant's trajectories only."
     ),
+    dependencies=[CLIENT],
+    responses=NOT_FOUND,
 )
 async def get_one(
     request: Request,
@@ -63,7 +67,8 @@ async def get_one(
         "tenant's trajectories only. Untrained data is gone for the learner; adapter versions already trained "
         "on it are listed."
     ),
-    responses={404: {"description": "No such trajectory for this key."}},
+    dependencies=[CLIENT],
+    responses=NOT_FOUND,
 )
 async def delete_one(request: Request, trajectory_id: str) -> Response:
     state = _state(request)
@@ -99,14 +104,20 @@ def _candidates(trajectory_id: str, as_client_id: uuid.UUID) -> list[uuid.UUID]:
     response_model=TrajectoryListOut,
     summary="List trajectories (admin)",
     description="Newest first by last call; merged aliases are left out. Page with `starting_after`.",
+    dependencies=[ADMIN],
+    responses=error_responses(403),
 )
 async def list_all(
     request: Request,
     policy: str | None = Query(None),
     model: str | None = Query(None),
     tenant: str | None = Query(None),
-    since: datetime | None = Query(None, description="Last call at or after (RFC 3339 or unix seconds)."),
-    until: datetime | None = Query(None, description="Last call before (RFC 3339 or unix seconds)."),
+    since: datetime | None = Query(
+        None, description="Last call at or after (RFC 3339 or unix seconds).", json_schema_extra=timestamp_schema
+    ),
+    until: datetime | None = Query(
+        None, description="Last call before (RFC 3339 or unix seconds).", json_schema_extra=timestamp_schema
+    ),
     rewarded: bool | None = Query(
         None, description="Only trajectories with (true) or without (false) a current reward named `reward_name`."
     ),
