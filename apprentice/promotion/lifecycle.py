@@ -81,6 +81,7 @@ __all__ = [
 STATUSES: tuple[VersionStatus, ...] = tuple(VersionStatus)
 
 NOTIFY_CHANNEL = "apprentice_adapters"
+MAX_VERSION_NUMBER = 2**31 - 1  # adapter_versions.version is a PostgreSQL integer
 
 Prepare = Callable[[AdapterVersion], Awaitable[Any]]
 
@@ -165,12 +166,16 @@ async def get_version(connection: AsyncConnection, version_id: uuid.UUID, *, loc
 
 async def find_version(engine: AsyncEngine, ref: str | uuid.UUID, policy: str | None = None) -> AdapterVersion:
     """A version by id, by LoRA name, or (with a policy) by its number ("3" or "v3")."""
+    if "\x00" in str(ref):  # PostgreSQL text cannot hold NUL: no name has one
+        raise VersionNotFound(repr(str(ref)) + (f" of policy {policy!r}" if policy else ""))
     conditions = [adapter_versions.c.name == str(ref)]
     try:
         conditions.append(adapter_versions.c.id == uuid.UUID(str(ref)))
     except ValueError:
         number = str(ref).removeprefix("v")
-        if policy is not None and number.isdigit():
+        # Only a number the column can hold names a version (a larger one, or a digit outside
+        # ASCII, would fail in the database or in int() instead of finding nothing).
+        if policy is not None and number.isascii() and number.isdigit() and int(number) <= MAX_VERSION_NUMBER:
             conditions.append(adapter_versions.c.version == int(number))
     query = select(adapter_versions).where(or_(*conditions))
     if policy is not None:
