@@ -28,13 +28,16 @@ import asyncio
 import time
 from typing import Any
 
+import jsonschema
 import orjson
 from aiohttp import web
 
+from gateway.endpoints.embeddings.protocol import EmbeddingsRequest
 from tests.support.fake_judge import judge_content
 from tests.support.fake_native import FakeNative
 from tests.support.fake_teacher import teacher_completion
 
+EMBEDDINGS_REQUEST = jsonschema.Draft202012Validator(EmbeddingsRequest.model_json_schema())
 DEFAULT_CHUNKS = 20
 ANSWER_WORDS = 20
 
@@ -118,7 +121,13 @@ class FakeUpstream:
         return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json")
 
     async def embeddings(self, request: web.Request) -> web.Response:
-        body = orjson.loads(await request.read())
+        # Refused as OpenAI refuses it: a body its schema does not allow is a 400 (the gateway
+        # forwards embeddings unread, so what a client may send is the upstream's to judge).
+        try:
+            body = orjson.loads(await request.read())
+            EMBEDDINGS_REQUEST.validate(body)
+        except (orjson.JSONDecodeError, jsonschema.ValidationError) as exc:
+            return _error(400, f"invalid embeddings request: {str(exc).splitlines()[0]}")
         inputs = body.get("input")
         inputs = inputs if isinstance(inputs, list) else [inputs]
         data = [{"object": "embedding", "index": i, "embedding": [0.1 * (i + 1), 0.2, 0.3]} for i in range(len(inputs))]
