@@ -35,12 +35,13 @@ def trajectory_key(key: bytes, trajectory_id: str) -> bytes:
 class Redaction:
     """One record's redaction: the rules, the trajectory's key, and how many values it replaced."""
 
-    __slots__ = ("rules", "key", "count")
+    __slots__ = ("rules", "key", "count", "_shortest")
 
     def __init__(self, rules: list[Rule], key: bytes) -> None:
         self.rules = rules
         self.key = key
         self.count = 0
+        self._shortest = 1  # strings shorter than the shortest possible match are not looked at
 
     def placeholder(self, rule: Rule, value: str) -> str:
         normal = rule.normalize(value) if rule.normalize is not None else value
@@ -54,13 +55,7 @@ class Redaction:
         for rule in self.rules:
             if not rule.may_match(screen):
                 continue
-            grouped = rule.pattern.groups > 0
-            for match in rule.pattern.finditer(text):
-                start, end = match.span(1) if grouped and match.start(1) >= 0 else match.span()
-                if start == end:
-                    continue
-                if rule.validate is not None and not rule.validate(text[start:end]):
-                    continue
+            for start, end in rule.spans(text):
                 # Earlier rules (secrets first) keep text that later ones also match.
                 if any(start < taken_end and taken_start < end for taken_start, taken_end, _ in spans):
                     continue
@@ -92,11 +87,12 @@ class Redaction:
         active = [
             rule
             for rule in self.rules
-            if (rule.may_match(joined) if rule.screened else rule.pattern.search(joined.text) is not None)
+            if (rule.may_match(joined) if rule.screened else next(rule.spans(joined.text), None) is not None)
         ]
         if not active:
             return body
         rules, self.rules = self.rules, active
+        self._shortest = min(rule.min_length for rule in active)
         try:
             return self.value(body)
         finally:
@@ -105,7 +101,7 @@ class Redaction:
     def value(self, value: Any) -> Any:
         """A JSON value with its strings redacted, walked; the same object when nothing changed."""
         if isinstance(value, str):
-            return self.text(value)
+            return self.text(value) if len(value) >= self._shortest else value
         if isinstance(value, dict):
             changed: dict[str, Any] | None = None
             for name, item in value.items():

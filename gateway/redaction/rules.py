@@ -13,7 +13,7 @@ region, which a gateway serving the world does not know (docs/privacy.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from apprentice.settings import RedactionKinds
@@ -70,11 +70,13 @@ class Rule:
     """One kind of value: `label` names its placeholders (`<EMAIL_...>`)."""
 
     label: str
-    # When the pattern has a capturing group that took part in a match, only the group is replaced.
-    pattern: re.Pattern[str]
-    # Substrings one of which a text must hold for the pattern to be tried; None: always tried.
-    hints: tuple[str, ...] | None = None
-    # Digits in a row (separators removed) a text must hold for the pattern to be tried.
+    # What the rule finds: each pattern with the substrings one of which a text must hold for it
+    # to run (None: always run). When a pattern has a capturing group that took part in a match,
+    # only the group is replaced.
+    patterns: tuple[tuple[tuple[str, ...] | None, re.Pattern[str]], ...]
+    # The shortest text a match can be: shorter strings (roles, names, ids) are not looked at.
+    min_length: int = 1
+    # Digits in a row (separators removed) a text must hold for the patterns to be tried.
     min_digits: int | None = None
     # Key characters in a row a text must hold (tested before the hints, which cost more).
     min_token: int | None = None
@@ -82,18 +84,31 @@ class Rule:
     # How a value is compared with itself elsewhere (`Bob@X.com` is `bob@x.com`).
     normalize: Callable[[str], str] | None = None
 
+    @property
+    def screened(self) -> bool:
+        """Whether `may_match` tests anything cheaper than the patterns (an operator's rule does not)."""
+        return self.min_digits is not None or self.min_token is not None or self.patterns[0][0] is not None
+
     def may_match(self, screen: Screen) -> bool:
-        """A cheap test that is true wherever the pattern can match (false positives only cost time)."""
+        """A cheap test that is true wherever a pattern can match (false positives only cost time)."""
+        if len(screen.text) < self.min_length:
+            return False
         if self.min_token is not None and not screen.token_run(self.min_token):
             return False
         if self.min_digits is not None and not screen.digit_run(self.min_digits):
             return False
-        return self.hints is None or any(hint in screen.text for hint in self.hints)
+        return any(hints is None or any(hint in screen.text for hint in hints) for hints, _ in self.patterns)
 
-    @property
-    def screened(self) -> bool:
-        """Whether `may_match` tests anything (an operator's rule has no screen)."""
-        return self.hints is not None or self.min_digits is not None or self.min_token is not None
+    def spans(self, text: str) -> Iterator[tuple[int, int]]:
+        """Where the values are in `text` (call after `may_match`)."""
+        for hints, pattern in self.patterns:
+            if hints is not None and len(self.patterns) > 1 and not any(hint in text for hint in hints):
+                continue
+            grouped = pattern.groups > 0
+            for match in pattern.finditer(text):
+                start, end = match.span(1) if grouped and match.start(1) >= 0 else match.span()
+                if start < end and (self.validate is None or self.validate(text[start:end])):
+                    yield start, end
 
 
 def luhn_valid(digits: str) -> bool:
@@ -128,22 +143,33 @@ def _phone_key(value: str) -> str:
 
 EMAIL = Rule(
     "EMAIL",
-    re.compile(
-        r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}\b"
+    min_length=6,
+    patterns=(
+        (
+            ("@",),
+            re.compile(
+                r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}\b"
+            ),
+        ),
     ),
-    hints=("@",),
     normalize=str.lower,
 )
 
 PHONE = Rule(
     "PHONE",
-    re.compile(
-        # +CC then groups of digits (spaces, dots, dashes, an area code in parentheses)
-        r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(\d{1,4}\))?(?:[ .-]?\d{2,5}){2,5}(?!\w)"
-        # North American: (415) 555-0132, 415-555-0132, 415.555.0132
-        r"|(?<![\w(+.-])(?:\(\d{3}\)[ ]?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w-])"
-        # national numbers with a trunk 0: 06 12 34 56 78, 030 1234 5678, 020 7946 0958
-        r"|(?<![\w+.-])0\d{1,4}(?:[ .-]\d{2,4}){2,4}(?![\w-])"
+    min_length=9,
+    patterns=(
+        (
+            None,
+            re.compile(
+                # +CC then groups of digits (spaces, dots, dashes, an area code in parentheses)
+                r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(\d{1,4}\))?(?:[ .-]?\d{2,5}){2,5}(?!\w)"
+                # North American: (415) 555-0132, 415-555-0132, 415.555.0132
+                r"|(?<![\w(+.-])(?:\(\d{3}\)[ ]?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w-])"
+                # national numbers with a trunk 0: 06 12 34 56 78, 030 1234 5678, 020 7946 0958
+                r"|(?<![\w+.-])0\d{1,4}(?:[ .-]\d{2,4}){2,4}(?![\w-])"
+            ),
+        ),
     ),
     min_digits=9,
     validate=_phone,
@@ -152,7 +178,8 @@ PHONE = Rule(
 
 CARD = Rule(
     "CARD",
-    re.compile(r"(?<![\w.-])\d(?:[ -]?\d){12,18}(?![\w-])"),
+    min_length=13,
+    patterns=((None, re.compile(r"(?<![\w.-])\d(?:[ -]?\d){12,18}(?![\w-])")),),
     min_digits=13,
     validate=_card,
     normalize=only_digits,
@@ -187,10 +214,14 @@ _SECRET_PATTERNS: tuple[tuple[tuple[str, ...], str], ...] = (
 # Each of the keys holds at least 16 key characters in a row, so text without such a run skips
 # them all at the cost of one test; a private key block is found by its (rare) first line alone.
 SECRET_MIN_TOKEN = 16
-SECRETS = tuple(
-    Rule("SECRET", re.compile(pattern), hints=hints, min_token=None if "-----BEGIN" in hints else SECRET_MIN_TOKEN)
-    for hints, pattern in _SECRET_PATTERNS
+PRIVATE_KEY = Rule("SECRET", patterns=tuple((hints, re.compile(p)) for hints, p in _SECRET_PATTERNS[:1]), min_length=40)
+KEYS = Rule(
+    "SECRET",
+    patterns=tuple((hints, re.compile(p)) for hints, p in _SECRET_PATTERNS[1:]),
+    min_length=SECRET_MIN_TOKEN,
+    min_token=SECRET_MIN_TOKEN,
 )
+SECRETS = (PRIVATE_KEY, KEYS)
 
 BUILT_IN: dict[str, tuple[Rule, ...]] = {"secret": SECRETS, "email": (EMAIL,), "card": (CARD,), "phone": (PHONE,)}
 
@@ -201,5 +232,5 @@ def compile_rules(kinds: RedactionKinds) -> list[Rule]:
     rules = [rule for name, kind in BUILT_IN.items() if getattr(kinds, name) for rule in kind]
     for custom in kinds.rules:
         flags = re.IGNORECASE if custom.ignore_case else 0
-        rules.append(Rule(custom.name.upper(), re.compile(custom.pattern, flags)))
+        rules.append(Rule(custom.name.upper(), ((None, re.compile(custom.pattern, flags)),)))
     return rules
