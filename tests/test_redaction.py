@@ -11,6 +11,7 @@ value put there comes back in the answer too.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -298,3 +299,26 @@ def test_redaction_can_be_turned_off_per_kind(start_gateway, db) -> None:
     [row] = stored_calls(db, raw.headers["x-apprentice-trajectory-id"])
     content = row["request"]["messages"][0]["content"]
     assert re.fullmatch(rf"{re.escape(EMAIL)} <CARD_\w{{6}}>", content), content
+
+
+def test_the_request_is_redacted_while_the_upstream_works() -> None:
+    """`early` redacts on the event loop's next turn; the record then takes that result."""
+    from gateway.redaction.record import RecordRedactor
+
+    async def main() -> None:
+        redactor = RecordRedactor(Settings(), b"k" * 32)
+        request = {"messages": [{"role": "user", "content": f"mail {EMAIL}"}]}
+        redactor.early("call-1", "trajectory-1", None, request, None)
+        await asyncio.sleep(0)  # the upstream is awaited: the loop runs the redaction
+        results = redactor._early["call-1"].results
+        assert results is not None and results[0] is not request
+        answer = {"choices": [{"message": {"content": "ok"}, "token_ids": [1, 2]}], "prompt_token_ids": [3]}
+        record = {"id": "call-1", "trajectory_id": "trajectory-1", "policy": None, "request": request}
+        stored = redactor.apply({**record, "response": answer})
+        assert stored["request"] is results[0]  # not redacted a second time
+        assert re.fullmatch(r"mail <EMAIL_\w{6}>", stored["request"]["messages"][0]["content"])
+        assert "prompt_token_ids" not in stored["response"] and answer["prompt_token_ids"] == [3]
+        assert request["messages"][0]["content"] == f"mail {EMAIL}"  # what the upstream was sent: untouched
+        assert not redactor._early
+
+    asyncio.run(main())

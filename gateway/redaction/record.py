@@ -87,11 +87,13 @@ class RecordRedactor:
         self._early[call_id] = entry
         while len(self._early) > MAX_EARLY:
             self._early.popitem(last=False)
-        asyncio.get_running_loop().call_soon(entry.run, rules, self.key)
+        entry.handle = asyncio.get_running_loop().call_soon(entry.run, rules, self.key)
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         """The record with its bodies redacted: a new dict when anything was, else `record`."""
         early = self._early.pop(str(record.get("id")), None) if self._early else None
+        if early is not None and early.results is None and early.handle is not None:
+            early.handle.cancel()  # the call ended before the loop got to it: redacted below instead
         rules = self.rules_for(record.get("policy"))
         if not rules:
             return record
@@ -118,13 +120,14 @@ class RecordRedactor:
 class _Early:
     """A call's request bodies and, once `run`, their redacted forms."""
 
-    __slots__ = ("trajectory_id", "bodies", "results", "count")
+    __slots__ = ("trajectory_id", "bodies", "results", "count", "handle")
 
     def __init__(self, trajectory_id: str, bodies: tuple[Any, ...]) -> None:
         self.trajectory_id = trajectory_id
         self.bodies = bodies
         self.results: list[Any] | None = None
         self.count = 0
+        self.handle: asyncio.Handle | None = None
 
     def run(self, rules: list[Rule], key: bytes) -> None:
         redaction = Redaction(rules, trajectory_key(key, self.trajectory_id))
