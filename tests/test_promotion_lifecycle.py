@@ -5,7 +5,12 @@ reviewed mode, rollback, reconciliation and retention."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import json
 import random
+import shutil
+import struct
+import tempfile
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,6 +24,20 @@ from apprentice.store.engine import make_async_engine
 from tests.test_promotion_units import FakeVLLM, client_for
 
 ENDPOINT = "http://vllm:8000"
+# Whole (tiny) adapter directories: the promotion job checks a version's files before any load.
+ADAPTERS = Path(tempfile.mkdtemp(prefix="promotion-lifecycle-adapters-"))
+atexit.register(shutil.rmtree, ADAPTERS, True)
+
+
+def adapter_path(number: int) -> str:
+    """A directory the `adapter_files` gate accepts: a LoRA config and a one-tensor safetensors file."""
+    directory = ADAPTERS / f"v{number}"
+    if not directory.is_dir():
+        directory.mkdir()
+        (directory / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+        header = json.dumps({"q.lora_A.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+        (directory / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(4))
+    return str(directory)
 
 
 def settings_for(database_url: str, **promotion) -> Settings:
@@ -52,7 +71,7 @@ def add_version(
     db.execute(
         "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, training_run_id) "
         "VALUES (%s, 'agent', %s, %s, %s, 'base', %s, %s)",
-        (version_id, number, f"agent-v{number}", status, path or f"/adapters/v{number}", run),
+        (version_id, number, f"agent-v{number}", status, path or adapter_path(number), run),
     )
     return version_id
 
@@ -181,7 +200,7 @@ async def test_gates_keep_bad_candidates_out_and_the_good_one_becomes_canary(db,
     report = await service.promotion_tick(engine, settings, client=client)
     # the older passing version stays a candidate: in the lineage, the newest one's ancestor
     assert (status_of(db, good), status_of(db, good_old)) == ("canary", "candidate")
-    assert fake.loaded == {"agent-v6": "/adapters/v6"}
+    assert fake.loaded == {"agent-v6": adapter_path(6)}
     assert db.execute("SELECT canary_share FROM adapter_versions WHERE id = %s", (good,)).fetchone()[0] == 0.3
 
 
@@ -189,7 +208,7 @@ async def test_automatic_and_reviewed_verdicts(db, engine, vllm, database_url):
     fake, client = vllm
     rng = random.Random(5)
     incumbent = add_version(db, 1, status="promoted")
-    fake.loaded["agent-v1"] = "/adapters/v1"
+    fake.loaded["agent-v1"] = adapter_path(1)
     reviewed = settings_for(database_url, mode="reviewed")
     automatic = settings_for(database_url)
 
@@ -316,7 +335,7 @@ async def test_reconciler_unload_cannot_undo_a_concurrent_rollback(db, engine, d
         "VALUES (%s, 'agent', 'promoted', 'retired', 'auto', now() - interval '1 hour')",
         (v1,),
     )
-    fake.loaded.update({"agent-v1": "/adapters/v1", "agent-v2": "/adapters/v2"})
+    fake.loaded.update({"agent-v1": adapter_path(1), "agent-v2": adapter_path(2)})
     async with httpx.AsyncClient(transport=httpx.MockTransport(slow)) as client:
         await asyncio.gather(
             service.reconcile(engine, settings.policies[0], client=client),
@@ -336,7 +355,7 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
     rng = random.Random(11)
     settings = settings_for(database_url)
     v1 = add_version(db, 1, status="promoted")
-    fake.loaded["agent-v1"] = "/adapters/v1"
+    fake.loaded["agent-v1"] = adapter_path(1)
     v2 = add_version(db, 2, run=add_run(db))
     await service.promotion_tick(engine, settings, client=client)
     assert status_of(db, v2) == "canary"
