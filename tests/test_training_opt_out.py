@@ -135,6 +135,8 @@ def test_a_key_that_opts_out(gateway, fake_upstream, db, database_url, tmp_path)
     assert "1 trajectories not yet trained on were withdrawn" in opted.stdout
     flag = db.execute("SELECT training_opt_out FROM api_keys WHERE key_prefix = %s", (leave[:12],)).fetchone()
     assert flag == (True,)
+    listed = cli(database_url, tmp_path, "keys", "list").stdout.splitlines()
+    assert [("training=opted-out" in line) for line in listed] == [False, True]  # keeps, then leaves
     assert not trainable(db, before)
 
     kept = run(clients[keep], "agent", "task B", "k1")

@@ -155,6 +155,7 @@ async def list_keys(engine: AsyncEngine) -> list[dict[str, object]]:
                 api_keys.c.created_at,
                 api_keys.c.revoked_at,
                 api_keys.c.limits,
+                api_keys.c.training_opt_out,
             ).order_by(api_keys.c.created_at)
         )
         return [dict(row._mapping) for row in rows]

@@ -112,7 +112,7 @@ def list_command(config_path: str | None) -> None:
         state = f"revoked {row['revoked_at']:%Y-%m-%d}" if row["revoked_at"] else "active"
         click.echo(
             f"{row['id']}  {row['key_prefix']}...  {row['role']:6}  tenant={row['tenant']}  name={row['name']}  {state}"
-            f"  limits={_describe(row['limits'])}"
+            f"  limits={_describe(row['limits'])}{'  training=opted-out' if row['training_opt_out'] else ''}"
         )
 
 
