@@ -26,6 +26,7 @@ from gateway.endpoints import openapi, operations
 from gateway.endpoints.admin import judging as admin_judging
 from gateway.endpoints.admin import keys as admin_keys
 from gateway.endpoints.admin import routes as admin_routes
+from gateway.endpoints.admin import teacher as admin_teacher
 from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
 from gateway.endpoints.messages.handler import MessagesEndpoint
 from gateway.endpoints.passthrough import PassthroughEndpoint
@@ -79,6 +80,7 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
     app.include_router(responses_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(admin_judging.router)
+    app.include_router(admin_teacher.router)
     app.include_router(admin_keys.router)
     app.include_router(ui_routes.router)
     openapi.install(app)  # documents the endpoints GatewayApp serves before FastAPI, without routing them

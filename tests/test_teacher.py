@@ -12,6 +12,7 @@ import uuid
 
 import httpx
 import openai
+import psycopg
 import pytest
 
 from apprentice.promotion.evaluation import PROMOTE, REJECT, WAIT, compare
@@ -202,3 +203,37 @@ def test_distillation_keeps_a_threshold_or_the_best_share_of_each_group():
     assert rewards(threshold) == [("a", 1.0), ("c", 0.9), ("c", 0.9)]
     both = choose(candidates, settings.distill.model_copy(update={"top_share": 0.25, "min_reward": 0.6}))
     assert rewards(both) == [("a", 1.0), ("c", 0.9), ("c", 0.9)]
+
+
+def test_the_admin_api_shows_the_teacher_and_the_distilled_versions(start_gateway, fake_upstream, db):
+    gateway, client = start(start_gateway, fake_upstream)
+    shown = httpx.get(f"{gateway.base_url}/admin/policies/{POLICY}/teacher")
+    assert shown.status_code == 200, shown.text
+    body = shown.json()
+    assert body["status"] == "teacher_serves" and body["distilled_versions"] == [] and body["comparison"] is None
+    assert body["teacher"]["model"] == "teacher" and body["teacher"]["prices"]["input"] == 1e-6
+    assert body["teacher"]["policy_prices"] is None, "the policy states no price of its own"
+
+    run_id = uuid.uuid4()
+    db.execute(
+        "INSERT INTO training_runs (id, policy, status, kind, trajectories, tokens, loss, metrics) "
+        "VALUES (%s, %s, 'succeeded', 'sft', 40, 900, 0.42, %s)",
+        (run_id, POLICY, '{"distill": {"teacher": "teacher", "chosen": 40, "left_out": 12}}'),
+    )
+    version = add_version(db, POLICY, 1, "candidate")
+    db.execute("UPDATE adapter_versions SET training_run_id = %s WHERE id = %s", (run_id, version))
+    body = httpx.get(f"{gateway.base_url}/admin/policies/{POLICY}/teacher").json()
+    [distilled] = body["distilled_versions"]
+    assert distilled["name"] == f"{POLICY}-v1" and distilled["trajectories"] == 40
+    assert distilled["selection"] == {"teacher": "teacher", "chosen": 40, "left_out": 12}
+
+    missing = httpx.get(f"{gateway.base_url}/admin/policies/nobody/teacher")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "policy_not_found"
+    with pytest.raises(psycopg.errors.CheckViolation):  # the kind column accepts only the two kinds (migration 0010)
+        db.execute("INSERT INTO training_runs (id, policy, kind) VALUES (%s, 'p', 'dpo')", (uuid.uuid4(),))
+
+
+def test_a_policy_without_a_teacher_has_no_teacher_page(start_gateway, fake_upstream):
+    gateway = start_gateway(policies=[{"name": "plain", "base_model": "b", "endpoints": [fake_upstream.api_base]}])
+    answer = httpx.get(f"{gateway.base_url}/admin/policies/plain/teacher")
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "no_teacher"

@@ -15,6 +15,11 @@ All runs go through one worker thread, so two policies never train at once on th
 (max_instances=1, coalesce). Across machines, run_once's advisory lock keeps one learner per
 policy; a run that finds the lock taken returns "busy" and costs nothing.
 
+A policy that names a teacher and has no promoted version is behind its teacher: its runs are
+distillation runs (learner/jobs/distill.py, kind "sft") on the teacher's best rewarded
+answers, triggered when at least `teacher.distill.min_trajectories` of them wait; once one of
+its versions is promoted (the takeover), its runs are RL runs as for any policy.
+
 Promotion (`apprentice.promotion.service.promotion_tick`: gates, canary start, canary verdict,
 reconciling the endpoints, retention) runs every `promotion_interval_s` on its own thread, so
 that a long training run does not hold up a canary's verdict, and right after a run produced
@@ -67,9 +72,16 @@ class Learner:
 
     def run(self, policy: str, trigger: str) -> RunOutcome | None:
         with self._run_lock:
-            outcome = run_once(
-                self.settings, policy, trigger=trigger, database_url=self.url, trainer=self.trainers.get(policy)
-            )
+            if self._behind_teacher(policy):
+                from learner.jobs.distill import run_distillation
+
+                outcome = run_distillation(
+                    self.settings, policy, trigger=trigger, database_url=self.url, trainer=self.trainers.get(policy)
+                )
+            else:
+                outcome = run_once(
+                    self.settings, policy, trigger=trigger, database_url=self.url, trainer=self.trainers.get(policy)
+                )
         self.outcomes.append(outcome)
         if outcome.status == "succeeded" and self.promotion_interval_s is not None:
             self.promote([policy])  # the new candidate's gates and canary start now, not at the next tick
@@ -81,6 +93,16 @@ class Learner:
             f" -> {outcome.version_name}" if outcome.version_name else (f" ({outcome.error})" if outcome.error else ""),
         )
         return outcome
+
+    def _behind_teacher(self, name: str) -> bool:
+        """The policy names a teacher and has no promoted version: it distils instead of RL."""
+        from learner.jobs.distill import behind_teacher
+
+        policy = self.settings.policy(name)
+        if policy is None or policy.teacher is None:
+            return False
+        with psycopg.connect(self.url, autocommit=True) as connection:
+            return behind_teacher(connection, policy)
 
     def promote(self, policies: list[str] | None = None) -> Any:
         """One pass of the promotion job; its failures are logged, never raised into the scheduler."""
@@ -103,6 +125,18 @@ class Learner:
             return None
         outcome = None
         while True:
+            if self._behind_teacher(policy.name):
+                from learner.jobs.distill import count_teacher_trajectories
+
+                assert policy.teacher is not None
+                with psycopg.connect(self.url, autocommit=True) as connection:
+                    waiting = count_teacher_trajectories(connection, policy)
+                if waiting < policy.teacher.distill.min_trajectories:
+                    return outcome
+                outcome = self.run(policy.name, f"teacher_trajectories:{waiting}")
+                if outcome is None or outcome.status != "succeeded":
+                    return outcome
+                continue
             with psycopg.connect(self.url, autocommit=True) as connection:
                 waiting = count_new_groups(connection, policy)
             if waiting < wanted:
