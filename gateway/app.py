@@ -117,13 +117,17 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
     return app
 
 
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 def _allowed_methods(app: FastAPI, scope: MutableMapping[str, Any]) -> list[str]:
-    """Every method the app's routes answer on this request's path, in a stable order."""
-    methods: set[str] = set()
-    for route in app.router.routes:
-        if route.matches(scope)[0] == Match.PARTIAL:
-            methods.update(getattr(route, "methods", None) or ())
-    return sorted(methods)
+    """Every method some route of the app answers on this request's path. Asked of the routes
+    themselves, method by method: an included router is one route object that hides its own."""
+    return [
+        method
+        for method in HTTP_METHODS
+        if any(route.matches({**scope, "method": method})[0] == Match.FULL for route in app.router.routes)
+    ]
 
 
 class GatewayApp:

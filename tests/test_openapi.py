@@ -192,3 +192,52 @@ def test_documentation_never_routes_a_request():
     document = app.fastapi.openapi()
     assert app.fastapi.openapi() is document  # built once
     assert json.dumps(document)  # plain JSON
+
+
+def test_keys_bounds_and_allow_are_documented_as_the_gateway_enforces_them(gateway):
+    """What schemathesis checks on every run (tests/test_schemathesis.py), here in a few seconds:
+    each operation names the key it takes, a 405 lists every method of its path, and the request
+    headers the gateway bounds are bounded in the document."""
+    spec = httpx.get(gateway.url + "/openapi.json").json()
+    unauthenticated = {"/healthz", "/readyz", "/metrics"}
+    for path, item in spec["paths"].items():
+        for method, operation in item.items():
+            if path in unauthenticated:
+                assert "security" not in operation, (method, path)
+                continue
+            schemes = {name for requirement in operation["security"] for name in requirement}
+            admin = path.startswith("/v1/admin/") or (method, path) in {
+                ("get", "/v1/trajectories"),
+                ("get", "/v1/rewards/pending"),
+            }
+            assert "401" in operation["responses"], (method, path)
+            if admin:
+                assert schemes == {"AdminKey"} and "403" in operation["responses"], (method, path, schemes)
+            else:
+                assert schemes and "AdminKey" not in schemes, (method, path, schemes)
+    assert "text/plain" in spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+
+    chat = spec["paths"]["/v1/chat/completions"]["post"]
+    headers = {parameter["name"]: parameter["schema"] for parameter in chat["parameters"]}
+    for name in ("X-Trajectory-Id", "X-Group-Id"):
+        [text] = [schema for schema in headers[name]["anyOf"] if schema["type"] == "string"]
+        assert (text["maxLength"], text["pattern"]) == (256, r"\S"), name
+    rewards = spec["paths"]["/v1/rewards"]["post"]
+    key = next(parameter for parameter in rewards["parameters"] if parameter["name"] == "Idempotency-Key")
+    assert (key["schema"]["minLength"], key["schema"]["maxLength"]) == (1, 200)
+
+    too_long = httpx.post(
+        gateway.base_url + "/chat/completions",
+        json={"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"X-Trajectory-Id": "x" * 257},
+    )
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "X-Trajectory-Id"
+
+    # A path two routes serve lists both methods; the hot paths without /v1 take POST only.
+    options = httpx.request("OPTIONS", gateway.base_url + "/trajectories/0")
+    assert options.status_code == 405
+    assert set(options.headers["allow"].split(", ")) >= {"GET", "DELETE"}
+    assert options.json()["error"]["type"] == "invalid_request_error"
+    for path in ("/chat/completions", "/responses", "/messages", "/messages/count_tokens"):
+        wrong = httpx.get(gateway.url + path)
+        assert (wrong.status_code, wrong.headers["allow"]) == (405, "POST"), path
