@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from apprentice.promotion.status import SERVING, VersionStatus
 from apprentice.settings import PolicySettings
 from apprentice.store.tables import adapter_versions
+from gateway.http.errors import GatewayError
 from gateway.workers import PeriodicWorker
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,24 @@ def sticky_graces(policies: Iterable[PolicySettings]) -> dict[str, float]:
 class ServingVersion:
     id: uuid.UUID
     name: str  # the LoRA name the inference endpoints serve it under
+
+
+class VersionUnavailable(GatewayError):
+    """No inference endpoint of the policy answered for the adapter version a call was routed to
+    (every endpoint down, or none holds the adapter: each answered 404).
+
+    A 503 that names the version, rather than the endpoint's 404 for a model name the client
+    never asked for or a bare 502: the client called the policy, and an operator reading the
+    error learns which version is missing where. The call is recorded without a version, since
+    none answered it (it must not count as that version's work)."""
+
+    def __init__(self, policy: str, version: ServingVersion, detail: str) -> None:
+        super().__init__(
+            503,
+            f"adapter version {version.name} of policy {policy} is not available at any inference endpoint: {detail}",
+            code="adapter_version_unavailable",
+        )
+        self.version = version
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from gateway.http.asgi import (
 )
 from gateway.http.errors import GatewayError, UpstreamStatusError, error_body
 from gateway.limits.limiter import NOT_LIMITED, Admission, RateLimited, estimate_tokens
-from gateway.policies.versions import ServingVersion
+from gateway.policies.versions import ServingVersion, VersionUnavailable
 from gateway.state import GatewayState
 from gateway.trajectories.stitching import (
     OpenTrajectory,
@@ -329,23 +329,35 @@ class ChatCompletionsEndpoint:
 
     async def _open_direct(self, call: CallContext, targets: list[UpstreamTarget]) -> UpstreamAnswer:
         """The upstream's answer, open for reading; an error status raises UpstreamStatusError."""
-        answer = await post_with_retries(
-            self.state.http,
-            targets,
-            "/chat/completions",
-            self._bodies(call, targets),
-            retry_after=self.router_settings.retry_after,
-            retry_statuses=ADAPTER_RETRYABLE_STATUS if call.version else RETRYABLE_STATUS,
-        )
+        try:
+            answer = await post_with_retries(
+                self.state.http,
+                targets,
+                "/chat/completions",
+                self._bodies(call, targets),
+                retry_after=self.router_settings.retry_after,
+                retry_statuses=ADAPTER_RETRYABLE_STATUS if call.version else RETRYABLE_STATUS,
+            )
+        except GatewayError as error:  # no endpoint answered at all
+            if call.version is None or call.plan.policy is None or error.status != 502:
+                raise
+            raise VersionUnavailable(call.plan.policy.name, call.version, error.message) from error
         call.target = answer.target
         if answer.response.status != 200:
             status, body = await error_from_answer(answer)
+            policy = call.plan.policy
+            if status == 404 and call.version is not None and policy is not None and not answer.target.teacher:
+                # every endpoint tried answered 404 for the adapter's name: none holds it
+                said = orjson.loads(body).get("error", {}).get("message", "")
+                raise VersionUnavailable(policy.name, call.version, f"every endpoint tried answered 404 ({said})")
             raise UpstreamStatusError(status, body)
         return answer
 
     async def _fail(self, call: CallContext, send: Send, error: GatewayError) -> int:
         """Record the failed call and answer the client with the error (the upstream's own body
         when it answered with an error status)."""
+        if call.target is None or isinstance(error, VersionUnavailable):
+            call.version = None  # no version answered it: the record must not count it as one's work
         self._finish(call, error.status, None, self._upstream_error(call, error.status, error.body()))
         await call.wire.send_error(send, error, call.headers)
         return error.status
