@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
@@ -185,6 +186,7 @@ def test_the_limit_holds_across_two_gateway_processes_within_the_stated_bound(st
     elapsed = time.monotonic() - started
     per_process_rate = 40 / elapsed  # requests a second sent to each process
     bound = limit + per_process_rate * 2 * interval + 1
+    print(f"two replicas: admitted {admitted} (sum {sum(admitted)}) of 80 at limit {limit}, bound {bound:.1f}")
     assert limit <= sum(admitted) <= bound, (admitted, bound)
     assert min(admitted) >= 1, admitted  # both processes admitted some: the limit is shared, not local
 
@@ -244,3 +246,33 @@ def test_key_limits_set_by_cli_and_admin_api_apply_within_the_cache_ttl(start_ga
     chat(capped)
     with pytest.raises(openai.RateLimitError):
         chat(capped)
+
+
+def test_the_limit_holds_across_two_worker_processes_of_one_gateway(start_gateway, database_url, db):
+    """`workers: 2` behind one port: new connections land on either worker; both admit the key's
+    calls (each has written its counts to limit_counters) and together stay within the bound."""
+    limit, interval, sent = 20, 0.2, 60
+    (key,) = make_keys(database_url, ("bot", "acme", {"requests_per_minute": limit}))
+    gateway = start_gateway(workers=2, auth={"mode": "keys"}, limits={"sync_interval_s": interval})
+    client = openai.OpenAI(
+        base_url=gateway.base_url, api_key=key, max_retries=0, default_headers={"Connection": "close"}
+    )
+    started = time.monotonic()
+
+    def one(_: int) -> int:
+        try:
+            chat(client)
+            return 1
+        except openai.RateLimitError:
+            return 0
+        finally:
+            time.sleep(0.12)
+
+    # Four at a time, so that while one worker answers the other accepts the next connection.
+    with ThreadPoolExecutor(4) as pool:
+        admitted = sum(pool.map(one, range(sent)))
+    rate = sent / (time.monotonic() - started)  # all processes together: (N - 1) x r is at most this
+    print(f"two workers: admitted {admitted} of {sent} at limit {limit}, bound {limit + rate * 2 * interval + 1:.1f}")
+    assert limit <= admitted <= limit + rate * 2 * interval + 1, (admitted, rate)
+    processes = "SELECT count(DISTINCT process_id) FROM limit_counters WHERE scope LIKE 'key:%%'"
+    assert wait_for(lambda: db.execute(processes).fetchone()[0] == 2, timeout=5, message="both workers' counts")
