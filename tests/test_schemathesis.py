@@ -27,7 +27,7 @@ from tests.test_auth import cli
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts" / "schemathesis"
 
 ADMIN_KEY = "apprentice-admin-fuzz-0123456789"
-MAX_EXAMPLES = 15
+MAX_EXAMPLES = 12
 SEED = 15
 CONFIG = """
 seed = {seed}
