@@ -237,3 +237,29 @@ def test_a_policy_without_a_teacher_has_no_teacher_page(start_gateway, fake_upst
     gateway = start_gateway(policies=[{"name": "plain", "base_model": "b", "endpoints": [fake_upstream.api_base]}])
     answer = httpx.get(f"{gateway.base_url}/admin/policies/plain/teacher")
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "no_teacher"
+
+
+def test_the_dashboard_policy_page_shows_the_teacher_card(start_gateway, fake_upstream, db):
+    from tests.test_ui import ADMIN_KEY, login
+
+    models = [teacher_entry(fake_upstream.api_base, input_cost_per_token=1e-6, output_cost_per_token=4e-6)]
+    gateway = start_gateway(
+        auth={"mode": "keys", "admin_key": ADMIN_KEY},
+        model_list=models,
+        policies=[policy_config(fake_upstream.api_base)],
+    )
+    run_id = uuid.uuid4()
+    db.execute(
+        "INSERT INTO training_runs (id, policy, status, kind, trajectories, tokens, loss) "
+        "VALUES (%s, %s, 'succeeded', 'sft', 72, 1500, 0.31)",
+        (run_id, POLICY),
+    )
+    version = add_version(db, POLICY, 1, "canary", share=0.5)
+    db.execute("UPDATE adapter_versions SET training_run_id = %s WHERE id = %s", (run_id, version))
+    with httpx.Client(base_url=gateway.url, timeout=30) as client:
+        assert login(client).status_code == 303
+        page = client.get(f"/ui/policies/{POLICY}")
+    assert page.status_code == 200, page.text
+    assert 'data-testid="teacher"' in page.text and 'data-testid="teacher-status">canary<' in page.text
+    assert f"{POLICY}-v1</a>" in page.text and "<td>72</td>" in page.text
+    assert 'data-testid="teacher-comparison"' in page.text and "behind the teacher: insufficient" in page.text

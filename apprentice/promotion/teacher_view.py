@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apprentice.promotion import lifecycle, service, takeover
 from apprentice.promotion.lineage import promoted_version
+from apprentice.promotion.rows import AdapterVersion
 from apprentice.promotion.status import VersionStatus
 from apprentice.settings import Settings
 from apprentice.store.tables import training_runs
@@ -71,30 +72,10 @@ async def teacher_status(engine: AsyncEngine, settings: Settings, policy_name: s
     canary = next((v for v in versions if v.status == VersionStatus.CANARY), None)
     promoted = promoted_version(versions)
     status = TAKEN_OVER if promoted is not None else CANARY if canary is not None else TEACHER_SERVES
-    comparison, compared = None, None
     if canary is not None and promoted is None:
         live = await service.evaluate_canary(engine, settings, canary)
         canary = dataclasses.replace(canary, evaluation=live.document)
-    for version in sorted(versions, key=lambda v: v.version, reverse=True):
-        if isinstance(version.evaluation, dict) and "takeover" in version.evaluation:
-            found = version if version.id != getattr(canary, "id", None) else canary
-            assert found is not None
-            comparison = {
-                **found.evaluation["takeover"],
-                "reward": {
-                    "policy": found.evaluation.get("canary"),
-                    "teacher": found.evaluation.get("incumbent"),
-                    "interval": found.evaluation.get("interval"),
-                    "method": found.evaluation.get("method"),
-                    "confidence": found.evaluation.get("confidence"),
-                },
-                "evaluated_at": found.evaluation.get("evaluated_at"),
-            }
-            compared = found.name
-            break
-    if canary is not None and promoted is None and compared is None:
-        comparison = {**canary.evaluation.get("takeover", {})}
-        compared = canary.name
+    compared = _last_compared(versions, canary)
     prices = takeover.teacher_prices(settings, teacher)
     own = takeover.policy_prices(policy)
     return {
@@ -109,6 +90,31 @@ async def teacher_status(engine: AsyncEngine, settings: Settings, policy_name: s
         "promoted": promoted.name if promoted else None,
         "canary": canary.name if canary else None,
         "distilled_versions": distilled,
-        "compared_version": compared,
-        "comparison": comparison,
+        "compared_version": compared.name if compared else None,
+        "comparison": _comparison(compared.evaluation) if compared else None,
+    }
+
+
+def _last_compared(versions: list[AdapterVersion], canary: AdapterVersion | None) -> AdapterVersion | None:
+    """The newest version compared with the teacher (the canary with its live evaluation)."""
+    for version in sorted(versions, key=lambda v: v.version, reverse=True):
+        if canary is not None and version.id == canary.id:
+            version = canary
+        if isinstance(version.evaluation, dict) and "takeover" in version.evaluation:
+            return version
+    return None
+
+
+def _comparison(evaluation: dict[str, Any]) -> dict[str, Any]:
+    """The takeover document with the reward statistics of both arms beside it."""
+    return {
+        **evaluation["takeover"],
+        "reward": {
+            "policy": evaluation.get("canary"),
+            "teacher": evaluation.get("incumbent"),
+            "interval": evaluation.get("interval"),
+            "method": evaluation.get("method"),
+            "confidence": evaluation.get("confidence"),
+        },
+        "evaluated_at": evaluation.get("evaluated_at"),
     }

@@ -25,6 +25,7 @@ from starlette.responses import RedirectResponse, Response
 from apprentice.promotion import service
 from apprentice.promotion.lifecycle import TransitionError, VersionNotFound
 from apprentice.promotion.loading import LoadError
+from apprentice.promotion.teacher_view import teacher_status
 from gateway.auth.keys import create_key, list_keys, revoke_key
 from gateway.http.errors import GatewayError
 from gateway.state import GatewayState
@@ -354,6 +355,8 @@ async def _policy_page(request: Request, policy: str, flash: str = "", status_co
         "more_transitions": more_transitions,
         "first_page": versions_before is None and runs_before is None and transitions_before is None,
         "flash": flash,
+        # docs/distillation.md: the teacher, the distilled versions and the comparison with cost and latency
+        "teacher": await teacher_status(state.engine, state.settings, policy) if summary.policy.teacher else None,
     }
     return page(request, "policy.html", context, status_code)
 
