@@ -309,7 +309,7 @@ def test_the_request_is_redacted_while_the_upstream_works() -> None:
         redactor = RecordRedactor(Settings(), b"k" * 32)
         request = {"messages": [{"role": "user", "content": f"mail {EMAIL}"}]}
         redactor.early("call-1", "trajectory-1", None, request, None)
-        await asyncio.sleep(0)  # the upstream is awaited: the loop runs the redaction
+        await asyncio.sleep(0.05)  # the upstream is awaited: the loop runs the redaction
         results = redactor._early["call-1"].results
         assert results is not None and results[0] is not request
         answer = {"choices": [{"message": {"content": "ok"}, "token_ids": [1, 2]}], "prompt_token_ids": [3]}

@@ -20,7 +20,7 @@ import hashlib
 import hmac
 from typing import Any
 
-from gateway.redaction.rules import Rule, Screen
+from gateway.redaction.rules import Gate, Rule, Screen
 
 PLACEHOLDER_HEX = 6
 # Token fields: numbers, or fragments of text that is redacted as a whole (see record.py).
@@ -35,13 +35,14 @@ def trajectory_key(key: bytes, trajectory_id: str) -> bytes:
 class Redaction:
     """One record's redaction: the rules, the trajectory's key, and how many values it replaced."""
 
-    __slots__ = ("rules", "key", "count", "_shortest")
+    __slots__ = ("rules", "key", "count", "_shortest", "_gate")
 
     def __init__(self, rules: list[Rule], key: bytes) -> None:
         self.rules = rules
         self.key = key
         self.count = 0
         self._shortest = 1  # strings shorter than the shortest possible match are not looked at
+        self._gate: Gate | None = None  # strings it does not admit are not looked at
 
     def placeholder(self, rule: Rule, value: str) -> str:
         normal = rule.normalize(value) if rule.normalize is not None else value
@@ -93,15 +94,18 @@ class Redaction:
             return body
         rules, self.rules = self.rules, active
         self._shortest = min(rule.min_length for rule in active)
+        self._gate = Gate(active)
         try:
             return self.value(body)
         finally:
-            self.rules = rules
+            self.rules, self._gate, self._shortest = rules, None, 1
 
     def value(self, value: Any) -> Any:
         """A JSON value with its strings redacted, walked; the same object when nothing changed."""
         if isinstance(value, str):
-            return self.text(value) if len(value) >= self._shortest else value
+            if len(value) < self._shortest or (self._gate is not None and not self._gate.admits(value)):
+                return value
+            return self.text(value)
         if isinstance(value, dict):
             changed: dict[str, Any] | None = None
             for name, item in value.items():

@@ -111,6 +111,40 @@ class Rule:
                     yield start, end
 
 
+class Gate:
+    """The union of some rules' screens as one quick test per string: most strings of a body
+    that holds something to redact hold nothing themselves, and are passed over at the cost of
+    a substring test and a translate or two instead of every rule's screen."""
+
+    __slots__ = ("open", "literals", "min_digits", "min_token")
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.open = any(not rule.screened for rule in rules)  # an operator's rule: every string
+        self.literals = tuple(
+            hint
+            for rule in rules
+            if rule.min_digits is None and rule.min_token is None
+            for hints, _ in rule.patterns
+            for hint in hints or ()
+        )
+        digits = [rule.min_digits for rule in rules if rule.min_digits is not None]
+        tokens = [rule.min_token for rule in rules if rule.min_token is not None]
+        self.min_digits = min(digits) if digits else None
+        self.min_token = min(tokens) if tokens else None
+
+    def admits(self, text: str) -> bool:
+        if self.open or any(literal in text for literal in self.literals):
+            return True
+        if self.min_digits is None and self.min_token is None:
+            return False
+        encoded = text.encode("utf-8", "surrogatepass")
+        if self.min_digits is not None and b"#" * self.min_digits in encoded.translate(
+            _DIGITS_AS_MARKS, _DIGIT_SEPARATORS
+        ):
+            return True
+        return self.min_token is not None and b"#" * self.min_token in encoded.translate(_TOKENS_AS_MARKS)
+
+
 def luhn_valid(digits: str) -> bool:
     """The Luhn checksum every payment card number satisfies (ISO/IEC 7812)."""
     total = 0
