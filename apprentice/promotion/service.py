@@ -45,6 +45,7 @@ from typing import Any
 
 import httpx
 from sqlalchemy import func, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apprentice.promotion import evaluation as ev
@@ -566,8 +567,12 @@ async def _tick_policy_once(
                 paused = await lifecycle.learning_paused(connection, policy.name)
             await _PolicyPass(engine, settings, policy, report, client, now, paused).run()
         finally:
-            await lock_connection.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
-            await lock_connection.commit()
+            try:
+                await lock_connection.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
+                await lock_connection.commit()
+            except DBAPIError as exc:  # the connection died (a restart): its session lock died with it
+                if not exc.connection_invalidated:
+                    raise
 
 
 def run_promotion_tick(settings: Settings, database_url: str, *, policies: list[str] | None = None) -> TickReport:
@@ -657,6 +662,9 @@ class _PolicyPass:
         except TransitionError as exc:  # an admin acted meanwhile
             self.report.add(self.policy.name, newest.name, "unchanged", str(exc))
             return
+        except DBAPIError as exc:
+            self._not_committed(newest, "canary", exc)
+            return
         loads = ", ".join(f"{e.endpoint} {e.action}" for e in result.endpoints)
         self.report.add(
             self.policy.name,
@@ -724,6 +732,9 @@ class _PolicyPass:
         except (loading.LoadError, TransitionError) as exc:
             self.report.errors.append(f"{self.policy.name}: {exc}")
             return
+        except DBAPIError as exc:
+            self._not_committed(canary, "promoted", exc)
+            return
         self.report.add(
             self.policy.name, canary.name, "promoted" if result.transition.changed else "unchanged", summary
         )
@@ -737,6 +748,16 @@ class _PolicyPass:
             self.report.add(self.policy.name, item.name, "files_" + item.result.split(":")[0], item.path)
 
     # bookkeeping
+    def _not_committed(self, version: AdapterVersion, to_status: str, exc: DBAPIError) -> None:
+        """A transition the database did not commit (it restarted, the connection broke): the
+        version keeps its status, and the report says which transition failed and why."""
+        cause = str(exc.orig or exc).strip().splitlines()[0]
+        self.report.errors.append(
+            f"{self.policy.name}: {version.name} -> {to_status} not committed (database: {cause}); "
+            f"{version.name} stays {version.status}, the next tick retries"
+        )
+        log.error("promotion: %s", self.report.errors[-1])
+
     async def _versions(self, status: VersionStatus) -> list[AdapterVersion]:
         async with self.engine.connect() as connection:
             return await lifecycle.versions_of(connection, self.policy.name, (status,))
