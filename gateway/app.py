@@ -1,8 +1,8 @@
 """The gateway's ASGI application.
 
-Chat completions and forwarded OpenAI endpoints are dispatched straight to plain ASGI
-handlers; everything else (models, operations, rewards, admin) is a FastAPI app, which also
-owns startup and shutdown.
+Chat completions, forwarded OpenAI endpoints and reward posts (webhooks, thousands a second)
+are dispatched straight to plain ASGI handlers; everything else (models, operations, reading
+rewards, admin) is a FastAPI app, which also owns startup and shutdown and documents them all.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from gateway.endpoints.messages.handler import MessagesEndpoint
 from gateway.endpoints.passthrough import PassthroughEndpoint
 from gateway.endpoints.responses import routes as responses_routes
 from gateway.endpoints.responses.handler import ResponsesEndpoint
+from gateway.endpoints.rewards import handler as rewards_handler
 from gateway.endpoints.rewards import routes as rewards_routes
 from gateway.endpoints.trajectories import routes as trajectories_routes
 from gateway.http.asgi import Receive, Scope, Send, limited_receive, send_error
@@ -140,6 +141,7 @@ class GatewayApp:
         self.responses = ResponsesEndpoint(self.state, self.chat)
         self.messages = MessagesEndpoint(self.state, self.chat)
         self.passthrough = PassthroughEndpoint(self.state)
+        self.rewards = rewards_handler.RewardsEndpoint(self.state, self.fastapi.state)
 
     def _fastapi_handles(self, scope: Scope) -> bool:
         return any(route.matches(scope)[0] != Match.NONE for route in self.fastapi.router.routes)
@@ -158,6 +160,9 @@ class GatewayApp:
                 return
             if path in COUNT_TOKENS_PATHS and scope["method"] == "POST":
                 await self.messages.count_tokens(scope, receive, send)
+                return
+            if path == rewards_handler.PATH and scope["method"] == "POST":
+                await self.rewards(scope, receive, send)
                 return
             if path in POST_ONLY_WITHOUT_V1:
                 await send_error(send, GatewayError(405, "Method Not Allowed"), [(b"allow", b"POST")])

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import TypeAdapter
+from starlette.datastructures import State
 
 from gateway.endpoints.rewards.intake import (
     IDEMPOTENCY_HEADER,
@@ -29,6 +30,7 @@ from gateway.endpoints.rewards.protocol import (
     pending_reward_list_out,
     reward_out,
 )
+from gateway.http.asgi import Scope, header
 from gateway.http.documented import ADMIN, CLIENT, error_responses
 from gateway.http.errors import GatewayError
 from gateway.http.responses import model_response
@@ -51,6 +53,8 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["rewards"], responses=error_responses(401, 503))
 
 REPLAYED_HEADER = "Idempotent-Replayed"
+SIGNATURE_HEADER_RAW = SIGNATURE_HEADER.lower().encode()
+IDEMPOTENCY_HEADER_RAW = IDEMPOTENCY_HEADER.lower().encode()
 # What a sender should wait before retrying when PostgreSQL is unreachable.
 RETRY_AFTER_S = 1
 _REQUEST = TypeAdapter(RewardIn | RewardBatchIn)
@@ -137,22 +141,28 @@ def _state(request: Request) -> GatewayState:
     dependencies=[CLIENT],
 )
 async def post_rewards(request: Request) -> Response:
-    state = _state(request)
-    body = await request.body()
-    sender = await _sender(request, state, body)
+    # Served by gateway/endpoints/rewards/handler.py before FastAPI; declared here for the
+    # OpenAPI document, and answering the same should a request reach it.
+    return await answer_post(_state(request), request.app.state, dict(request.scope), await request.body())
+
+
+async def answer_post(state: GatewayState, holder: State, scope: Scope, body: bytes) -> Response:
+    """POST /v1/rewards: the answer to one request (raises GatewayError for a refusal). `holder`
+    keeps what is built on first use (rules, signature verifier, group committer)."""
+    sender = await _sender(scope, state, holder, body)
     rewards, batch = parse_rewards(body)
     refuse_large_batch(len(rewards), state.settings.rewards.max_batch)
     intake = Intake(
         sender=sender,
         batch=batch,
-        header_key=idempotency_header(request.headers.get(IDEMPOTENCY_HEADER)),
+        header_key=idempotency_header(header(scope, IDEMPOTENCY_HEADER_RAW)),
         max_comment_chars=state.settings.rewards.max_comment_chars,
         instance_secret=state.instance_secret,
     )
     items = [new_reward(reward, index, intake) for index, reward in enumerate(rewards)]
-    ingest = IntakeRequest(items, policy_check(_rules(request), rewards, intake), sender.signature)
+    ingest = IntakeRequest(items, policy_check(_rules(state, holder), rewards, intake), sender.signature)
     try:
-        ingested = await _ingest(request, state, ingest)
+        ingested = await _ingest(state, holder, ingest)
     except StoreUnavailable as error:
         headers = {"Retry-After": str(RETRY_AFTER_S)}
         return Response(error.body(), status_code=503, media_type="application/json", headers=headers)
@@ -167,27 +177,27 @@ async def post_rewards(request: Request) -> Response:
     return model_response(answer, headers={REPLAYED_HEADER: "true"} if replayed else None)
 
 
-async def _sender(request: Request, state: GatewayState, body: bytes) -> Sender:
+async def _sender(scope: Scope, state: GatewayState, holder: State, body: bytes) -> Sender:
     """A signed webhook when the request carries a signature, else the API key's holder."""
-    signature_header = request.headers.get(SIGNATURE_HEADER)
+    signature_header = header(scope, SIGNATURE_HEADER_RAW)
     if signature_header is not None:
-        verified = _verifier(request).verify(signature_header, body)
+        verified = _verifier(state, holder).verify(signature_header, body)
         return Sender(
             tenant=verified.tenant,
             source=f"webhook:{verified.secret_name}",
             api_key_id=None,
             signature=(verified.signature, verified.tenant, verified.signed_at),
         )
-    key = await state.authenticate(request.scope)
+    key = await state.authenticate(scope)
     return Sender(tenant=key.tenant, source="key", api_key_id=key.id, signature=None)
 
 
-async def _ingest(request: Request, state: GatewayState, ingest: IntakeRequest) -> Ingested:
+async def _ingest(state: GatewayState, holder: State, ingest: IntakeRequest) -> Ingested:
     """A single reward joins the process's group commit; a batch is its own transaction."""
     max_pending = state.settings.rewards.max_pending_per_tenant
     try:
         if len(ingest.rewards) == 1:
-            return await _committer(request, state).submit(ingest)
+            return await _committer(state, holder).submit(ingest)
         [outcome] = await ingest_group(state.engine, [ingest], max_pending=max_pending)
         if isinstance(outcome, Exception):
             raise outcome
@@ -220,29 +230,29 @@ class StoreUnavailable(GatewayError):
         )
 
 
-def _committer(request: Request, state: GatewayState) -> GroupCommitter:
+def _committer(state: GatewayState, holder: State) -> GroupCommitter:
     """Built on first use, one per process (it holds no task between requests)."""
-    committer: GroupCommitter | None = getattr(request.app.state, "reward_committer", None)
+    committer: GroupCommitter | None = getattr(holder, "reward_committer", None)
     if committer is None:
         committer = GroupCommitter(state.engine, max_pending=state.settings.rewards.max_pending_per_tenant)
-        request.app.state.reward_committer = committer
+        holder.reward_committer = committer
     return committer
 
 
-def _verifier(request: Request) -> SignatureVerifier:
+def _verifier(state: GatewayState, holder: State) -> SignatureVerifier:
     """Built on first use: a webhook secret that cannot be resolved fails the signed requests only."""
-    verifier: SignatureVerifier | None = getattr(request.app.state, "reward_signatures", None)
+    verifier: SignatureVerifier | None = getattr(holder, "reward_signatures", None)
     if verifier is None:
-        settings = _state(request).settings.rewards
+        settings = state.settings.rewards
         verifier = SignatureVerifier(settings.webhook_secrets, settings.tolerance_s)
-        request.app.state.reward_signatures = verifier
+        holder.reward_signatures = verifier
     return verifier
 
 
-def _rules(request: Request) -> RewardRules:
-    rules: RewardRules | None = getattr(request.app.state, "reward_rules", None)
+def _rules(state: GatewayState, holder: State) -> RewardRules:
+    rules: RewardRules | None = getattr(holder, "reward_rules", None)
     if rules is None:
-        rules = request.app.state.reward_rules = RewardRules(_state(request).settings)
+        rules = holder.reward_rules = RewardRules(state.settings)
     return rules
 
 
