@@ -11,6 +11,7 @@ which bounds how far the processes together can go over a limit (docs/limits.md)
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import uuid
@@ -20,6 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.limits.limiter import MINUTE_S, Limiter
 from gateway.store.connection import driver_connection
 from gateway.workers import PeriodicWorker
+
+log = logging.getLogger(__name__)
 
 STOP_SYNC_TIMEOUT_S = 2.0
 
@@ -65,7 +68,10 @@ class LimitSync:
     async def start(self) -> None:
         """Load the price map, read the others' counts once (a restarted process must not forget
         the day's spend), then exchange in the background."""
-        await asyncio.to_thread(self.limiter.prices.load)
+        try:
+            await asyncio.to_thread(self.limiter.prices.load)
+        except (OSError, ValueError) as exc:  # budgets then count model_info prices only
+            log.warning("litellm's cost map could not be read (%s): only model_info prices count", exc)
         await self.worker.run_once()
         self.worker.start()
 
