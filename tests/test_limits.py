@@ -247,6 +247,16 @@ def test_key_limits_set_by_cli_and_admin_api_apply_within_the_cache_ttl(start_ga
     with pytest.raises(openai.RateLimitError):
         chat(capped)
 
+    # A key created by the CLI with its limits is limited from its first call.
+    made = cli(database_url, tmp_path, "keys", "create", "--name", "cli", "--tenant", "acme", "--rpm", "1")
+    assert made.returncode == 0, made.stderr
+    from_cli = openai.OpenAI(base_url=gateway.base_url, api_key=made.stdout.strip(), max_retries=0)
+    assert chat(from_cli).headers["x-ratelimit-limit-requests"] == "1"
+    with pytest.raises(openai.RateLimitError):
+        chat(from_cli)
+    refused = cli(database_url, tmp_path, "keys", "create", "--name", "bad", "--rpm", "0")
+    assert refused.returncode == 2 and "greater than or equal to 1" in refused.stderr
+
 
 def test_the_limit_holds_across_two_worker_processes_of_one_gateway(start_gateway, database_url, db):
     """`workers: 2` behind one port: new connections land on either worker; both admit the key's
