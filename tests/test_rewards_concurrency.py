@@ -4,6 +4,7 @@ their trajectory exists, produce exactly the intended rows."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import random
 import time
 from collections import Counter
@@ -140,3 +141,24 @@ def test_thousand_concurrent_rewards(start_gateway, db):
     ).fetchall()
     assert len(keyed) == 2 * len(targets)
     assert all((n, live) == ((3, 1) if key.startswith("fix-") else (1, 1)) for key, n, live in keyed), keyed
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_expiry(start_gateway):
+    """The cause of the ReadErrors this flood used to hit on a loaded machine: httpx keeps an idle
+    connection for 5 s (keepalive_expiry) and uvicorn closed it after 5 s (its default), so a
+    post reusing a connection idle for about 5 s raced the server's close (timers run before
+    reads in a lagging event loop) and was reset. The gateway now keeps idle connections 75 s
+    (gateway/commands/serve.py): a connection idle past the client's expiry still answers."""
+    gateway = start_gateway()
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+    body = b'{"client_trajectory_id": "idle", "reward": 1}'
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer x"}
+    connection.request("POST", "/v1/rewards", body=body, headers=headers)
+    assert connection.getresponse().read() and connection.sock is not None
+    socket_before = connection.sock
+    time.sleep(httpx.Limits(max_connections=1).keepalive_expiry + 1)
+    connection.request("POST", "/v1/rewards", body=body, headers=headers)
+    response = connection.getresponse()
+    assert response.status == 200, response.read()
+    assert connection.sock is socket_before, "the same connection served both"
+    connection.close()
