@@ -2,9 +2,14 @@
 
 Starts the fake upstream and one gateway process (auth "open") on a scratch database of the
 local PostgreSQL (created and dropped here), records some trajectories, then measures in
-rounds and quotes medians over rounds:
+rounds and quotes medians over rounds, every phase from the same client (aiohttp, whose
+per-request cost is a fraction of httpx's: the client shares the machine's cores):
 
-- single rewards, one per request, at concurrency 32: rewards/s and request latency p50/p99;
+- chat calls (non-stream, to the fake upstream) at concurrency 32: calls/s and p50/p99, the
+  yardstick the reward figures stand beside;
+- single rewards, one per request, each to its own idempotency key, at concurrency 32:
+  rewards/s, p50/p99, and rewards per PostgreSQL transaction (group commit);
+- chat calls and single rewards at the same time (16 senders each);
 - batches of 100 at concurrency 4: rewards/s;
 - replays (every request a duplicate of an idempotency key already stored): requests/s;
 - signed webhooks (HMAC header instead of a key), single rewards at concurrency 32;
@@ -31,6 +36,7 @@ import time
 import uuid
 from pathlib import Path
 
+import aiohttp
 import httpx
 import orjson
 import psycopg
@@ -53,46 +59,80 @@ def database(name: str) -> str:
     return make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
 
 
-async def post_all(base_url: str, bodies: list[bytes], concurrency: int, signed: bool = False) -> dict[str, float]:
+async def post_all(
+    base_url: str, bodies: list[bytes], concurrency: int, signed: bool = False, path: str = "/rewards"
+) -> dict[str, float]:
+    """POST every body with `concurrency` senders over keep-alive connections; raises on any answer
+    but 200 (409 for a signed replay, which a webhook sender re-signs)."""
     latencies: list[float] = []
-    semaphore = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     failures = 0
-    transport_errors: list[int] = []
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
+    transport_errors = 0
+    queue = list(reversed(bodies))
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(base_url=base_url + "/", connector=connector, timeout=timeout) as session:
 
-        async def one(body: bytes) -> None:
-            nonlocal failures
-            headers = {"Content-Type": "application/json"}
-            if signed:
-                headers["Apprentice-Signature"] = sign(SECRET, body)
-            async with semaphore:
+        async def sender() -> None:
+            nonlocal failures, transport_errors
+            while queue:
+                body = queue.pop()
+                headers = {"Content-Type": "application/json"}
+                if signed:
+                    headers["Apprentice-Signature"] = sign(SECRET, body)
                 started = time.perf_counter()
                 for attempt in range(3):  # a keep-alive connection closed under us: count it, resend
                     try:
-                        response = await client.post("/rewards", content=body, headers=headers)
+                        async with session.post(path.lstrip("/"), data=body, headers=headers) as response:
+                            await response.read()
+                            status = response.status
                         break
-                    except httpx.TransportError:
-                        transport_errors.append(attempt)
+                    except aiohttp.ClientError:
+                        transport_errors += 1
                         if signed:  # the same signature would be a replay
                             headers["Apprentice-Signature"] = sign(SECRET, body, int(time.time()) + attempt + 1)
                 else:
                     raise RuntimeError("three transport errors in a row")
                 latencies.append(time.perf_counter() - started)
-            failures += response.status_code != 200 and not (signed and response.status_code == 409)
+                failures += status != 200 and not (signed and status == 409)
 
         started = time.perf_counter()
-        await asyncio.gather(*(one(body) for body in bodies))
+        await asyncio.gather(*(sender() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
     if failures:
-        raise RuntimeError(f"{failures} of {len(bodies)} requests failed")
+        raise RuntimeError(f"{failures} of {len(bodies)} requests to {path} failed")
     if transport_errors:
-        print(f"  ({len(transport_errors)} transport errors, resent)", flush=True)
+        print(f"  ({transport_errors} transport errors, resent)", flush=True)
     return {
         "elapsed": elapsed,
+        "per_s": len(bodies) / elapsed,
         "p50_ms": percentile(latencies, 0.5) * 1000,
         "p99_ms": percentile(latencies, 0.99) * 1000,
     }
+
+
+def chat_bodies(n: int, tag: str) -> list[bytes]:
+    return [
+        orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": f"{tag} chat {i}"}]})
+        for i in range(n)
+    ]
+
+
+async def side_by_side(base_url: str, chats: list[bytes], rewards: list[bytes], concurrency: int) -> tuple[dict, dict]:
+    """Chat calls and rewards sent at the same time, `concurrency` senders each."""
+    chat, reward = await asyncio.gather(
+        post_all(base_url, chats, concurrency, path="/chat/completions"), post_all(base_url, rewards, concurrency)
+    )
+    return chat, reward
+
+
+def transactions(url: str) -> int:
+    """Transactions committed in the database so far (pg_stat_database, flushed about every second)."""
+    with psycopg.connect(url) as connection:
+        connection.execute("SELECT pg_stat_clear_snapshot()")
+        row = connection.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        return int(row[0]) if row else 0
 
 
 def record_trajectories(base_url: str, names: list[str]) -> list[str]:
@@ -129,21 +169,47 @@ def run_round(
     tag = f"r{round_index}-{uuid.uuid4().hex[:6]}"
     results: dict[str, float] = {}
     n = sizes["single"]
-    singles = [
-        orjson.dumps(
-            {
-                "trajectory_id": trajectories[i % len(trajectories)],
-                "reward": (i % 10) / 10,
-                "idempotency_key": f"{tag}-s{i}",
-            }
-        )
-        for i in range(n)
-    ]
-    single = asyncio.run(post_all(gateway.base_url, singles, 32))
-    results.update(single_per_s=n / single["elapsed"], single_p50_ms=single["p50_ms"], single_p99_ms=single["p99_ms"])
 
-    replay = asyncio.run(post_all(gateway.base_url, singles, 32))
-    results.update(replay_per_s=n / replay["elapsed"], replay_p50_ms=replay["p50_ms"])
+    def singles(label: str, count: int) -> list[bytes]:
+        return [
+            orjson.dumps(
+                {
+                    "trajectory_id": trajectories[i % len(trajectories)],
+                    "reward": (i % 10) / 10,
+                    "idempotency_key": f"{tag}-{label}{i}",
+                }
+            )
+            for i in range(count)
+        ]
+
+    chat = asyncio.run(post_all(gateway.base_url, chat_bodies(n, tag), 32, path="/chat/completions"))
+    results.update(chat_per_s=chat["per_s"], chat_p50_ms=chat["p50_ms"], chat_p99_ms=chat["p99_ms"])
+
+    single_bodies = singles("s", n)
+    time.sleep(1.2)  # pg_stat_database is flushed about every second
+    before = transactions(url)
+    single = asyncio.run(post_all(gateway.base_url, single_bodies, 32))
+    time.sleep(1.2)
+    committed = max(transactions(url) - before, 1)
+    results.update(
+        single_per_s=single["per_s"],
+        single_p50_ms=single["p50_ms"],
+        single_p99_ms=single["p99_ms"],
+        rewards_per_transaction=n / committed,
+    )
+
+    mixed_chat, mixed_reward = asyncio.run(
+        side_by_side(gateway.base_url, chat_bodies(n // 2, tag + "m"), singles("m", n // 2), 16)
+    )
+    results.update(
+        mixed_chat_per_s=mixed_chat["per_s"],
+        mixed_chat_p99_ms=mixed_chat["p99_ms"],
+        mixed_reward_per_s=mixed_reward["per_s"],
+        mixed_reward_p99_ms=mixed_reward["p99_ms"],
+    )
+
+    replay = asyncio.run(post_all(gateway.base_url, single_bodies, 32))
+    results.update(replay_per_s=replay["per_s"], replay_p50_ms=replay["p50_ms"])
 
     signed_bodies = [
         orjson.dumps(
@@ -157,7 +223,7 @@ def run_round(
         for i in range(n)
     ]
     signed = asyncio.run(post_all(gateway.base_url, signed_bodies, 32, signed=True))
-    results.update(signed_per_s=n / signed["elapsed"], signed_p50_ms=signed["p50_ms"])
+    results.update(signed_per_s=signed["per_s"], signed_p50_ms=signed["p50_ms"], signed_p99_ms=signed["p99_ms"])
 
     batch_size, batches = 100, sizes["batches"]
     bodies = [
@@ -199,8 +265,8 @@ def run_round(
     asyncio.run(post_all(gateway.base_url, pending_bodies, 4))
     record_trajectories(gateway.base_url, names)
     recorded_at = time.perf_counter()
-    expected_trajectories = len(trajectories) + len(names) * (round_index + 1)
-    wait_until(lambda: count(url, "SELECT count(*) FROM trajectories") >= expected_trajectories, 60)
+    late = f"SELECT count(*) FROM trajectories WHERE client_trajectory_id LIKE '{tag}-late-%'"
+    wait_until(lambda: count(url, late) >= len(names), 60)
     stored = time.perf_counter() - recorded_at
     linked = wait_until(lambda: count(url, "SELECT count(*) FROM rewards WHERE status = 'pending'") == 0, 120)
     results.update(link_s=stored + linked, link_per_s=pending_n / max(stored + linked, 1e-9))
@@ -219,6 +285,7 @@ def main() -> None:
     )
     rounds = 1 if args.quick else args.rounds
 
+    load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     name = f"apprentice_bench_rewards_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN_URL, autocommit=True) as connection:
         connection.execute(f'CREATE DATABASE "{name}"')
@@ -256,9 +323,20 @@ def main() -> None:
     median = {key: statistics.median(r[key] for r in all_rounds) for key in all_rounds[0]}
     rows = [
         [
+            "chat calls (fake upstream), c=32",
+            f"{median['chat_per_s']:.0f} calls/s",
+            f"p50 {median['chat_p50_ms']:.1f} ms, p99 {median['chat_p99_ms']:.1f} ms",
+        ],
+        [
             "single rewards, c=32",
             f"{median['single_per_s']:.0f} rewards/s",
-            f"p50 {median['single_p50_ms']:.1f} ms, p99 {median['single_p99_ms']:.1f} ms",
+            f"p50 {median['single_p50_ms']:.1f} ms, p99 {median['single_p99_ms']:.1f} ms; "
+            f"about {median['rewards_per_transaction']:.0f} rewards a transaction",
+        ],
+        [
+            "chat calls and single rewards at once, c=16 each",
+            f"{median['mixed_chat_per_s']:.0f} calls/s + {median['mixed_reward_per_s']:.0f} rewards/s",
+            f"p99 {median['mixed_chat_p99_ms']:.1f} ms (calls), {median['mixed_reward_p99_ms']:.1f} ms (rewards)",
         ],
         [
             "replays of stored idempotency keys, c=32",
@@ -268,7 +346,7 @@ def main() -> None:
         [
             "signed webhooks (HMAC + replay row), c=32",
             f"{median['signed_per_s']:.0f} rewards/s",
-            f"p50 {median['signed_p50_ms']:.1f} ms",
+            f"p50 {median['signed_p50_ms']:.1f} ms, p99 {median['signed_p99_ms']:.1f} ms",
         ],
         [
             "batches of 100, c=4",
@@ -281,15 +359,20 @@ def main() -> None:
             f"{median['link_s']:.2f} s from the last call to all linked",
         ],
     ]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     body = "\n\n".join(
         [
             "`python -m bench.reward_ingest` (one gateway process, auth open, local PostgreSQL; "
-            f"median of {rounds} rounds, {sizes['single']} single rewards a phase).",
+            f"median of {rounds} rounds, {sizes['single']} requests a phase, one aiohttp client process "
+            "on the same machine).",
             markdown_table(["phase", "throughput", "latency"], rows),
-            "Single rewards are bound by the gateway's Python per request (one process); a batch is one "
-            "transaction of a fixed number of statements whatever its size, so batching is the way to load "
-            "history in bulk. Linking includes the time the shipper takes to store the late calls.",
-            machine_line(),
+            "Single rewards are written by group commit (gateway/rewards/group_commit.py): concurrent "
+            "requests share one transaction of a fixed number of statements, each answered with its own "
+            "result after the COMMIT; 'rewards a transaction' is the database's commit count over the phase "
+            "(background workers included). A batch is one transaction whatever its size. Linking includes "
+            "the time the shipper takes to store the late calls.",
+            machine_line() + f" Load average before the run: {load_before}; after: {load} (1, 5, 15 min; "
+            "2 cores shared with other work: compare rows of one run).",
         ]
     )
     print(body)
