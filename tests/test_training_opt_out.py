@@ -22,6 +22,7 @@ from gateway.judging.store import find_ready_groups
 from learner.jobs.selection import count_new_groups, select
 from tests.conftest import wait_for
 from tests.test_auth import cli
+from tests.test_ui import login
 
 ADMIN_KEY = "admin-key-for-opt-out-tests"
 
@@ -117,6 +118,10 @@ def test_a_policy_that_does_not_record_for_training(gateway, fake_upstream, db, 
         gateway.base_url + "/trajectories", params={"policy": "agent"}, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
     ).json()
     assert {t["trainable"] for t in listing["data"]} == {True}
+    with httpx.Client(base_url=gateway.url, timeout=30) as ui:  # the dashboard says so too
+        assert login(ui, ADMIN_KEY).status_code == 303
+        assert 'data-testid="trajectory-not-trainable"' in ui.get(f"/ui/trajectories/{private[0]}").text
+        assert 'data-testid="trajectory-not-trainable"' not in ui.get(f"/ui/trajectories/{trained[0]}").text
 
 
 def test_a_key_that_opts_out(gateway, fake_upstream, db, database_url, tmp_path):
