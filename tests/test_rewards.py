@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 
 import httpx
 import psycopg
@@ -109,7 +110,11 @@ def test_idempotency_history_and_latest_wins(start_gateway, db):
 
 
 def test_reward_before_its_trajectory_links_when_it_lands(start_gateway, db, database_url):
-    gateway = start_gateway(rewards={"pending_window_s": 1.0})
+    # Pending rewards older than the window are retried once a minute only (the overdue pass): the
+    # window must outlast this test's linking on a loaded machine (it was 1 s, and the test failed
+    # when the calls landed more than a second after the rewards).
+    window_s = 8.0
+    gateway = start_gateway(rewards={"pending_window_s": window_s})
     early = post(
         gateway, {"client_trajectory_id": "not-run-yet", "reward": 1, "group_id": "g-early", "idempotency_key": "early"}
     )
@@ -156,7 +161,8 @@ def test_reward_before_its_trajectory_links_when_it_lands(start_gateway, db, dat
     assert httpx.get(gateway.base_url + f"/rewards/{early.json()['id']}").json()["status"] == "linked"
 
     # The one that never finds its trajectory stays, and is reported once overdue.
-    time.sleep(1.1)
+    received = datetime.fromisoformat(never.json()["received_at"]).timestamp()
+    time.sleep(max(0.0, received + window_s + 0.2 - time.time()))
     report = httpx.get(gateway.base_url + "/rewards/pending", params={"overdue_only": "true"}).json()
     assert [r["target"] for r in report["data"]] == ["chatcmpl-never-seen"]
     assert report["data"][0]["overdue"] is True and report["overdue_count"] == 1 and report["pending_count"] == 1
