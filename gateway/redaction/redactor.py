@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from bisect import bisect_left
 from typing import Any
 
 from gateway.redaction.rules import Gate, Rule, Screen
@@ -51,22 +52,27 @@ class Redaction:
 
     def text(self, text: str) -> str:
         """`text` with every value found replaced; the same str object when nothing is found."""
-        spans: list[tuple[int, int, Rule]] = []
+        # Accepted spans, sorted by start and never overlapping (so their ends are sorted too):
+        # earlier rules (secrets first) keep text that later ones also match.
+        starts: list[int] = []
+        ends: list[int] = []
+        spans: list[Rule] = []
         screen = Screen(text)
         for rule in self.rules:
             if not rule.may_match(screen):
                 continue
             for start, end in rule.spans(text):
-                # Earlier rules (secrets first) keep text that later ones also match.
-                if any(start < taken_end and taken_start < end for taken_start, taken_end, _ in spans):
+                index = bisect_left(starts, end)
+                if index and ends[index - 1] > start:
                     continue
-                spans.append((start, end, rule))
+                starts.insert(index, start)
+                ends.insert(index, end)
+                spans.insert(index, rule)
         if not spans:
             return text
-        spans.sort(key=lambda span: span[0])
         parts: list[str] = []
         position = 0
-        for start, end, rule in spans:
+        for start, end, rule in zip(starts, ends, spans, strict=True):
             parts.append(text[position:start])
             parts.append(self.placeholder(rule, text[start:end]))
             position = end
