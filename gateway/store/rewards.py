@@ -477,12 +477,14 @@ async def ingest_group(
             existing.update(added)
             accepted.append((i, answer_ids, fresh))
         released = [use[0] for i in signed if i in refused and (use := requests[i].signature) is not None]
-        if released:  # a refused delivery can be retried with the same signature
-            await cursor.execute("DELETE FROM reward_signatures WHERE signature = ANY(%s::bytea[])", (released,))
         fresh_rewards = [(i, j) for i, _, fresh in accepted for j in fresh]
-        if fresh_rewards:
-            await _insert(cursor, requests, hashes, fresh_rewards, resolved, key_trajectories)
-        stored = await _read_rewards(cursor, {reward_id for _, ids, _ in accepted for reward_id in ids.values()})
+        # Every statement from here on is known: sent in one round trip (pipeline mode), in order.
+        async with cursor.connection.pipeline():
+            if released:  # a refused delivery can be retried with the same signature
+                await cursor.execute("DELETE FROM reward_signatures WHERE signature = ANY(%s::bytea[])", (released,))
+            if fresh_rewards:
+                await _insert(cursor, requests, hashes, fresh_rewards, resolved, key_trajectories)
+            stored = await _read_rewards(cursor, {reward_id for _, ids, _ in accepted for reward_id in ids.values()})
         answers: dict[int, Outcome] = dict(refused)
         for i, answer_ids, fresh in accepted:
             rewards = [stored[answer_ids[j]] for j in range(len(requests[i].rewards))]
