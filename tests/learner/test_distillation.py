@@ -39,19 +39,20 @@ POLICY = "writer"
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TEACHER = "teacher"
 WEBHOOK_SECRET = "whsec-learning-test"  # tests.learner.test_learning.post_rewards signs with it
-TEACHER_THINGS = ALL_THINGS[:24]
+TEACHER_THINGS = ALL_THINGS[:20]
 TEACHER_SEEDS = (0, 1, 2, 3)  # seed 3: the teacher rambles (reward 0)
 CANARY_THINGS = ALL_THINGS[24:44]
 CANARY_SEEDS = (10, 11, 12, 13)
 RL_THINGS = ALL_THINGS[44:50]
 RL_SEEDS = (20, 21, 22, 23)
-EVAL_THINGS = ALL_THINGS[70:94]
+EVAL_THINGS = ALL_THINGS[70:90]
 EVAL_SEEDS = (5,)
 MARGIN = 0.4  # distilled held-out success >= base + MARGIN
 TAKEOVER_MARGIN = 0.3
-# Measured: 872 s with the machine's load average at 11-12 on its 2 cores (teacher phase and base
-# eval 166 s, distillation 181 s, distilled eval 140 s, canary 228 s, RL phase and run 156 s); the
-# server and the trainer share the cores with everything else running there.
+# Measured: 580 s with the machine's load average at 8-9 on its 2 cores (teacher phase and base
+# eval 48 s, distillation and canary start 190 s, distilled eval 64 s, canary 119 s, RL phase and
+# run 158 s); 872 s at load 11-12 with a larger teacher phase. The server and the trainer share
+# the cores with everything else running there.
 BUDGET_S = 900
 
 LEARNING = {
