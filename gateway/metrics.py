@@ -33,6 +33,9 @@ JOURNAL_BACKLOG = Gauge(
 )
 SHIPPED = Counter("apprentice_shipped_calls_total", "Calls shipped from the journal into PostgreSQL")
 SHIP_FAILURES = Counter("apprentice_ship_failures_total", "Failed attempts to ship a journal batch")
+SHIP_REJECTED = Counter(
+    "apprentice_ship_rejected_calls_total", "Journal records PostgreSQL refused as data, set aside under rejected/"
+)
 JOURNALED = Counter("apprentice_journaled_calls_total", "Calls written to the local journal")
 
 # OpenTelemetry traces (gateway/tracing): spans of calls and rewards, counted as they leave the queue.

@@ -21,6 +21,7 @@ from gateway import metrics
 from gateway.auth.keys import KeyCache, KeyInfo
 from gateway.http.asgi import header
 from gateway.http.errors import GatewayError
+from gateway.journal.rejected import set_aside
 from gateway.journal.shipper import JournalShipper
 from gateway.journal.writer import JournalWriter
 from gateway.judging.worker import JudgeWorker
@@ -186,10 +187,14 @@ class GatewayState:
 
     async def _ship(self, lines: list[bytes]) -> int:
         try:
-            count = await insert_call_lines(self.engine, lines)
+            shipped = await insert_call_lines(self.engine, lines)
         except Exception:
             metrics.SHIP_FAILURES.inc()
             raise
+        for rejected in shipped.rejected:
+            set_aside(self.settings.journal_dir, rejected.line, rejected.reason)
+            metrics.SHIP_REJECTED.inc()
+        count = shipped.stored
         metrics.SHIPPED.inc(count)
         self.reward_linker.wake()  # no query here: the linker probes for pending rewards itself
         metrics.JOURNAL_BACKLOG.set(self.shipper.stats.backlog_bytes)

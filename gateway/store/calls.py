@@ -11,6 +11,10 @@ land (within a ship interval of the call), so an opt-out needs no gateway restar
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
+import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.store.connection import driver_connection
@@ -117,24 +121,81 @@ WHERE c.stitch_pending AND (
 """
 
 
+# A JSON `\u0000` escape (a NUL character in a prompt or an answer) that is not itself escaped,
+# i.e. preceded by an even number of backslashes. PostgreSQL's jsonb cannot hold NUL
+# (22P05 untranslatable_character), so the whole batch would fail, and be retried, forever.
+_NUL_ESCAPE = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
+_REPLACEMENT_CHARACTER_ESCAPE = rb"\1\\ufffd"
+
+
+def jsonb_safe(line: bytes) -> bytes:
+    """The journal line with every NUL character replaced by U+FFFD, as jsonb can store it.
+
+    The replacement keeps the text's shape (one character for one) and says that something
+    unrepresentable stood there; a literal backslash followed by `u0000` is left alone.
+    """
+    if b"u0000" not in line:
+        return line
+    return _NUL_ESCAPE.sub(_REPLACEMENT_CHARACTER_ESCAPE, line)
+
+
 def copy_payload(lines: list[bytes]) -> bytes:
     """Journal lines as COPY text rows: one JSON document per row, backslashes escaped."""
-    return b"\n".join(line.replace(b"\\", b"\\\\") for line in lines) + b"\n"
+    return b"\n".join(jsonb_safe(line).replace(b"\\", b"\\\\") for line in lines) + b"\n"
 
 
-async def insert_call_lines(engine: AsyncEngine, lines: list[bytes]) -> int:
-    """Store journal lines (JSON call records) in one transaction; duplicates are ignored."""
+@dataclass(frozen=True)
+class RejectedLine:
+    """A journal line PostgreSQL refused as data (not an outage): it can never be stored as is."""
+
+    line: bytes
+    reason: str
+
+
+@dataclass(frozen=True)
+class ShippedLines:
+    stored: int
+    rejected: list[RejectedLine]
+
+
+async def _copy_and_insert(cursor: psycopg.AsyncCursor[object], lines: list[bytes]) -> None:
+    async with cursor.copy("COPY incoming_calls (r) FROM STDIN") as copy:
+        await copy.write(copy_payload(lines))
+    await cursor.execute(_INSERT_CALLS)
+
+
+async def insert_call_lines(engine: AsyncEngine, lines: list[bytes]) -> ShippedLines:
+    """Store journal lines (JSON call records) in one transaction; duplicates are ignored.
+
+    A batch that PostgreSQL refuses for its data (SQLSTATE class 22 or 23: a value no column
+    can hold) is stored again line by line, each in a savepoint, and the lines refused alone are
+    returned as rejected, so one bad record cannot stop every call behind it. An outage raises
+    (the journal keeps the batch and the shipper retries).
+    """
     async with engine.connect() as connection:
         pg = await driver_connection(connection)
+        try:
+            async with pg.transaction():
+                async with pg.cursor() as cursor:
+                    # The temporary table has no statistics, so the planner overestimates and
+                    # JIT-compiles the insert: 300 ms of compilation for a 2,000-row batch.
+                    await cursor.execute(f"SET LOCAL jit = off; {_CREATE_INCOMING}")
+                    await _copy_and_insert(cursor, lines)
+            return ShippedLines(stored=len(lines), rejected=[])
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError):
+            pass
+        rejected: list[RejectedLine] = []
         async with pg.transaction():
             async with pg.cursor() as cursor:
-                # The temporary table has no statistics, so the planner overestimates and JIT-compiles
-                # the insert: 300 ms of compilation for a 2,000-row batch. It is never worth it here.
                 await cursor.execute(f"SET LOCAL jit = off; {_CREATE_INCOMING}")
-                async with cursor.copy("COPY incoming_calls (r) FROM STDIN") as copy:
-                    await copy.write(copy_payload(lines))
-                await cursor.execute(_INSERT_CALLS)
-    return len(lines)
+                for line in lines:
+                    try:
+                        async with pg.transaction():  # a savepoint per line
+                            await _copy_and_insert(cursor, [line])
+                            await cursor.execute("TRUNCATE incoming_calls")
+                    except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+                        rejected.append(RejectedLine(line, f"{type(exc).__name__}: {exc.diag.message_primary}"))
+    return ShippedLines(stored=len(lines) - len(rejected), rejected=rejected)
 
 
 async def stitch_pending(engine: AsyncEngine, open_window_s: float) -> int:
