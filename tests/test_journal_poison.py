@@ -87,5 +87,6 @@ def test_set_aside_keeps_the_record_and_the_reason(tmp_path) -> None:
     path = set_aside(tmp_path, line, "InvalidTextRepresentation: bad")
     set_aside(tmp_path, b"not json at all", "DataError: worse")
     entries = [orjson.loads(raw) for raw in path.read_bytes().splitlines()]
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
     assert entries[0] == {"reason": "InvalidTextRepresentation: bad", "record": orjson.loads(line)}
     assert entries[1] == {"reason": "DataError: worse", "raw": "not json at all"}

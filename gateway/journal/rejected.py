@@ -29,7 +29,7 @@ def rejected_path(journal_dir: Path) -> Path:
 def set_aside(journal_dir: Path, line: bytes, reason: str) -> Path:
     """Append one refused journal line to the rejected file, durably, and log its call id."""
     path = rejected_path(journal_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # prompts and answers: like the journal
     try:
         call_id = orjson.loads(line).get("id")
     except orjson.JSONDecodeError:
@@ -37,9 +37,14 @@ def set_aside(journal_dir: Path, line: bytes, reason: str) -> Path:
     entry = b'{"reason":' + orjson.dumps(reason) + b',"record":' + line.rstrip(b"\n") + b"}\n"
     if call_id is None:  # not even JSON: keep the bytes as a string so the file stays JSON lines
         entry = orjson.dumps({"reason": reason, "raw": line.decode("utf-8", "replace")}) + b"\n"
-    with open(path, "ab") as handle:
-        handle.write(entry)
-        handle.flush()
-        os.fsync(handle.fileno())
-    log.error("journal: call %s refused by PostgreSQL (%s); set aside in %s", call_id, reason, path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        view = memoryview(entry)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    # The reason may quote the refused value, so it goes to the file, not to the log.
+    log.error("journal: call %s refused by PostgreSQL; set aside with the reason in %s", call_id, path)
     return path
