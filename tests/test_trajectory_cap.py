@@ -62,21 +62,24 @@ def test_a_named_run_moves_to_its_next_segment_and_keeps_its_name(start_gateway,
 
 
 def test_the_token_cap_closes_a_trajectory_too(start_gateway, db):
-    # The fake upstream answers 20 words: a call holds about 25 tokens, so the cap is reached
-    # by the second call and the third starts a new trajectory.
-    gateway = start_gateway(stitching={"max_tokens_per_trajectory": 40})
+    # An agent sends its history: the fake upstream counts a message's words + 3 as prompt tokens
+    # and answers 20 words, so the calls hold 25, 53 and 81 tokens (prompt + completion). The
+    # trajectory's length is its longest call's: 81 >= 60 after the third call, so the fourth
+    # starts a new trajectory (summed, 25 + 53 would have cut it after the second).
+    gateway = start_gateway(stitching={"max_tokens_per_trajectory": 60})
     client = openai.OpenAI(base_url=gateway.base_url, api_key="k", max_retries=0)
     ids = []
-    for step in range(3):
+    messages: list[dict[str, str]] = []
+    for step in range(4):
+        messages.append({"role": "user", "content": f"call {step}"})
         raw = client.chat.completions.with_raw_response.create(
-            model="fake-model",
-            messages=[{"role": "user", "content": f"call {step}"}],
-            extra_headers={"X-Trajectory-Id": "long-run"},
+            model="fake-model", messages=messages, extra_headers={"X-Trajectory-Id": "long-run"}
         )
         ids.append(raw.headers["x-apprentice-trajectory-id"])
-    assert ids[0] == ids[1] != ids[2]
+        messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content or ""})
+    assert ids[0] == ids[1] == ids[2] != ids[3]
     wait_for(lambda: count_rows(db, "SELECT count(*) FROM trajectories") == 2)
-    tokens = db.execute(
-        "SELECT sum(prompt_tokens + completion_tokens) FROM calls WHERE trajectory_id = %s", (ids[0],)
+    longest = db.execute(
+        "SELECT max(prompt_tokens + completion_tokens) FROM calls WHERE trajectory_id = %s", (ids[0],)
     ).fetchone()[0]
-    assert tokens >= 40
+    assert longest >= 60

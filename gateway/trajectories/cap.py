@@ -3,8 +3,13 @@
 One endless client (an agent loop that never ends, a chat kept open for weeks) would otherwise
 grow one trajectory without bound: no learner can train on it (it exceeds every sequence
 length) and its reward, if one ever comes, says nothing about any one step. So a trajectory is
-closed once it holds `max_calls_per_trajectory` calls or `max_tokens_per_trajectory` tokens
-(the sum of its calls' prompt and completion tokens), and the run's next call starts a new one:
+closed once it holds `max_calls_per_trajectory` calls or `max_tokens_per_trajectory` tokens,
+and the run's next call starts a new one. A trajectory's tokens are its longest call's prompt
+and completion: an agent sends its history with every call, so that is the conversation so far,
+the sequence a learner must fit. (Summing the calls counted the history again at every turn: a
+100-turn agent at 30,000 tokens of context summed to 3 million and was cut long before it
+stopped fitting.)
+
 
 - a run stitched by content continues the new trajectory from then on (its calls register
   their continuation keys under the new id; the adapter version stays the run's);
@@ -95,9 +100,10 @@ class TrajectoryCap:
         return assignment
 
     def add_tokens(self, trajectory_id: uuid.UUID, tokens: int | None) -> None:
-        """A finished call's prompt + completion tokens."""
+        """A finished call's prompt + completion tokens: the trajectory's length if it is its longest."""
         if tokens and self.enabled:
-            self._length(trajectory_id).tokens += tokens
+            length = self._length(trajectory_id)
+            length.tokens = max(length.tokens, tokens)
 
     def _length(self, trajectory_id: uuid.UUID) -> Length:
         length = self._lengths.get(trajectory_id)
