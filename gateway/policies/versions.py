@@ -65,16 +65,18 @@ class VersionUnavailable(GatewayError):
 
     A 503 that names the version, rather than the endpoint's 404 for a model name the client
     never asked for or a bare 502: the client called the policy, and an operator reading the
-    error learns which version is missing where. The call is recorded without a version, since
-    none answered it (it must not count as that version's work)."""
+    error learns which version is missing. Which endpoints failed, and how, is for the operator's
+    log (`detail`), not for the tenant's client: it names internal hosts. The call is recorded
+    without a version, since none answered it (it must not count as that version's work)."""
 
     def __init__(self, policy: str, version: ServingVersion, detail: str) -> None:
         super().__init__(
             503,
-            f"adapter version {version.name} of policy {policy} is not available at any inference endpoint: {detail}",
+            f"adapter version {version.name} of policy {policy} is not available at any inference endpoint",
             code="adapter_version_unavailable",
         )
         self.version = version
+        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)

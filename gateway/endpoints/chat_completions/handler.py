@@ -356,6 +356,8 @@ class ChatCompletionsEndpoint:
     async def _fail(self, call: CallContext, send: Send, error: GatewayError) -> int:
         """Record the failed call and answer the client with the error (the upstream's own body
         when it answered with an error status)."""
+        if isinstance(error, VersionUnavailable):
+            log.warning("%s (%s)", error.message, error.detail)
         if call.target is None or isinstance(error, VersionUnavailable):
             call.version = None  # no version answered it: the record must not count it as one's work
         self._finish(call, error.status, None, self._upstream_error(call, error.status, error.body()))
