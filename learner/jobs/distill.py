@@ -44,7 +44,6 @@ from apprentice.promotion.lineage import lineage_head, promoted_version
 from apprentice.settings import DistillationSettings, PolicySettings, Settings
 from learner.grpo.grouping import group_key
 from learner.jobs.run import (
-    LOCK_CLASS,
     RunOutcome,
     _finish_run,
     _mark,
@@ -52,7 +51,7 @@ from learner.jobs.run import (
     _start_run,
     adapters_dir,
     learner_database_url,
-    lock_key,
+    with_policy_lock,
 )
 from learner.jobs.selection import _REWARDED, Candidate, RewardPlan, Selection, assign_rewards, build_candidate
 from learner.jobs.selection import load_versions as _load_versions
@@ -191,21 +190,9 @@ def run_distillation(
         return RunOutcome("disabled", policy.name)
     trainer = trainer or PolicyTrainer(policy)
     url = learner_database_url(settings, database_url)
-    with psycopg.connect(url, autocommit=True) as connection:
-        locked = connection.execute(
-            "SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(policy.name))
-        ).fetchone()
-        if locked is None or not locked[0]:
-            return RunOutcome("busy", policy.name, error="another learner holds this policy's lock")
-        try:
-            paused = connection.execute(
-                "SELECT learning_paused FROM policy_state WHERE policy = %s", (policy.name,)
-            ).fetchone()
-            if paused and paused[0]:
-                return RunOutcome("paused", policy.name)
-            return _locked_distillation(connection, settings, policy, trainer, trigger)
-        finally:
-            connection.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(policy.name)))
+    return with_policy_lock(
+        url, policy.name, lambda connection: _locked_distillation(connection, settings, policy, trainer, trigger)
+    )
 
 
 def _locked_distillation(

@@ -39,6 +39,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -286,25 +287,37 @@ def run_once(
     if not learning.enabled:
         return RunOutcome("disabled", policy.name)
     url = learner_database_url(settings, database_url)
+    return with_policy_lock(
+        url, policy.name, lambda connection: _locked_run(connection, settings, policy, trainer, trigger, progress)
+    )
+
+
+def with_policy_lock(
+    url: str, policy_name: str, locked_run: Callable[[psycopg.Connection[Any]], RunOutcome]
+) -> RunOutcome:
+    """Run `locked_run` holding the policy's advisory lock, unless another learner holds it or
+    learning is paused. Every kind of run (RL, distillation) goes through here, so each one that
+    loses its database connection says so on its row and returns `failed` instead of raising
+    from the unlock on the dead connection (the lost connection took the lock with it)."""
     with psycopg.connect(url, autocommit=True) as connection:
         locked = connection.execute(
-            "SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(policy.name))
+            "SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(policy_name))
         ).fetchone()
         if locked is None or not locked[0]:
-            return RunOutcome("busy", policy.name, error="another learner holds this policy's lock")
+            return RunOutcome("busy", policy_name, error="another learner holds this policy's lock")
         try:
             paused = connection.execute(
-                "SELECT learning_paused FROM policy_state WHERE policy = %s", (policy.name,)
+                "SELECT learning_paused FROM policy_state WHERE policy = %s", (policy_name,)
             ).fetchone()
             if paused and paused[0]:
-                return RunOutcome("paused", policy.name)
-            outcome = _locked_run(connection, settings, policy, trainer, trigger, progress)
+                return RunOutcome("paused", policy_name)
+            outcome = locked_run(connection)
             if connection.broken and outcome.run_id is not None:
                 _record_lost_connection(url, outcome)
             return outcome
         finally:
             if not connection.broken:  # a lost connection took the lock with it
-                connection.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(policy.name)))
+                connection.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(policy_name)))
 
 
 def _record_lost_connection(url: str, outcome: RunOutcome, attempts: int = 5, delay_s: float = 2.0) -> None:
