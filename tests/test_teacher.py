@@ -18,6 +18,7 @@ import pytest
 from apprentice.promotion.evaluation import PROMOTE, REJECT, WAIT, compare
 from apprentice.promotion.takeover import ArmCalls, Prices, decide_takeover, teacher_prices
 from apprentice.settings import Settings, TeacherSettings
+from gateway.upstreams.routing import Router
 from tests.conftest import wait_for
 from tests.support.fake_teacher import RULE_PREFIX
 from tests.test_adapter_routing import add_version, forwarded_models
@@ -116,6 +117,24 @@ def test_a_teacher_must_be_a_model_list_entry():
         )
     with pytest.raises(ValueError, match="set min_reward, top_share or both"):
         TeacherSettings(model="t", distill={"top_share": None})
+
+
+def test_calls_the_teacher_serves_alternate_between_its_deployments():
+    # Building a teacher-served call's plan (plan, then teacher_plan) must advance the teacher's
+    # rotation once: advanced twice, every first attempt went to the same one of two deployments.
+    teacher = {"model_name": "teacher", "litellm_params": {"model": "openai/t"}}
+    settings = Settings(
+        model_list=[
+            {**teacher, "litellm_params": {"model": "openai/t", "api_base": "http://a/v1"}},
+            {**teacher, "litellm_params": {"model": "openai/t", "api_base": "http://b/v1"}},
+        ],
+        policies=[{"name": "p", "base_model": "b", "endpoints": ["http://x/v1"], "teacher": {"model": "teacher"}}],
+    )
+    router = Router(settings)
+    first = [router.teacher_plan(router.plan("p")).targets[0].api_base for _ in range(4)]
+    assert first == ["http://a/v1", "http://b/v1", "http://a/v1", "http://b/v1"]
+    fallback = router.plan("p").targets[-2:]
+    assert [t.api_base for t in fallback] == ["http://a/v1", "http://b/v1"] and all(t.teacher for t in fallback)
 
 
 def _comparison(policy: list[float], teacher: list[float]):

@@ -108,7 +108,17 @@ class Router:
         for policy in settings.policies:
             if policy.endpoints:
                 self._deployments[policy.name] = _targets_from_policy(policy)
+        # A teacher's deployments marked as such, built once: `plan` appends them as the policy's
+        # last fallback in their fixed order, and only `teacher_plan` rotates them, so a call the
+        # teacher serves advances the rotation once (building the plan advanced it twice, and with
+        # two deployments every first attempt went to the same one).
+        self._teacher_deployments = {
+            policy.teacher.model: [replace(target, teacher=True) for target in self._deployments[policy.teacher.model]]
+            for policy in settings.policies
+            if policy.teacher is not None and policy.teacher.model in self._deployments
+        }
         self._cursors = {name: itertools.count() for name in self._deployments}
+        self._teacher_cursors = {name: itertools.count() for name in self._teacher_deployments}
         default = settings.default_upstream or (settings.model_list[0].model_name if settings.model_list else None)
         self.default_target = self._deployments[default][0] if default else None
 
@@ -145,11 +155,15 @@ class Router:
                 targets.extend(self._rotated(fallback))
         policy = self._policies.get(model)
         if policy is not None and policy.teacher is not None and policy.teacher.fallback:
-            targets.extend(self._teacher_targets(policy.teacher.model))
+            targets.extend(self._teacher_deployments[policy.teacher.model])
         return RoutePlan(model=model, policy=policy, targets=targets, primary_count=primary_count)
 
     def _teacher_targets(self, name: str) -> list[UpstreamTarget]:
-        return [replace(target, teacher=True) for target in self._rotated(name)]
+        targets = self._teacher_deployments[name]
+        if len(targets) == 1:
+            return list(targets)
+        start = next(self._teacher_cursors[name]) % len(targets)
+        return targets[start:] + targets[:start]
 
     def teacher_plan(self, plan: RoutePlan) -> RoutePlan:
         """The plan of a policy's call that its teacher answers (the teacher's own fallbacks after it)."""
