@@ -32,25 +32,21 @@ most that multiple of the teacher's.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from apprentice.prices import Price, litellm_cost_map, price_from_info
 from apprentice.promotion.evaluation import INSUFFICIENT, PROMOTE, REJECT, REVIEW, TIMEOUT, WAIT, Comparison
 from apprentice.settings import PolicySettings, Settings, TeacherSettings
 
 NON_INFERIOR, INFERIOR, INCONCLUSIVE = "non_inferior", "inferior", "inconclusive"
-_COST_MAP_FILE = "model_prices_and_context_window_backup.json"
 
 
 @dataclass(frozen=True)
@@ -65,48 +61,30 @@ class Prices:
         return prompt_tokens * self.input + completion_tokens * self.output
 
 
-def _prices_from(info: dict[str, Any], source: str) -> Prices | None:
-    try:
-        return Prices(float(info["input_cost_per_token"]), float(info["output_cost_per_token"]), source)
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-@cache
-def _litellm_cost_map() -> dict[str, Any]:
-    """LiteLLM's bundled price list, read as a file without importing litellm (seconds of import
-    and a network fetch otherwise); empty when litellm is not installed."""
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    path = Path(next(iter(spec.submodule_search_locations))) / _COST_MAP_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def _prices(price: Price | None, source: str) -> Prices | None:
+    return None if price is None else Prices(price[0], price[1], source)
 
 
 def teacher_prices(settings: Settings, teacher: TeacherSettings) -> Prices | None:
-    """The teacher's prices: its model_list entry's model_info, else LiteLLM's cost map."""
+    """The teacher's prices: its model_list entry's model_info, else LiteLLM's cost map
+    (apprentice/prices.py, the same reading as the gateway's spend budgets)."""
     entries = [m for m in settings.model_list if m.model_name == teacher.model]
     for entry in entries:
-        found = _prices_from(entry.model_info, f"model_info of {teacher.model}")
+        found = _prices(price_from_info(entry.model_info), f"model_info of {teacher.model}")
         if found is not None:
             return found
-    cost_map = _litellm_cost_map()
+    cost_map = litellm_cost_map()
     for entry in entries:
         params = entry.litellm_params
         for key in (params.model, params.upstream_model):
-            if isinstance(cost_map.get(key), dict):
-                found = _prices_from(cost_map[key], f"litellm cost map: {key}")
-                if found is not None:
-                    return found
+            found = _prices(cost_map.get(key), f"litellm cost map: {key}")
+            if found is not None:
+                return found
     return None
 
 
 def policy_prices(policy: PolicySettings) -> Prices | None:
-    return _prices_from(policy.model_info, f"model_info of {policy.name}")
+    return _prices(price_from_info(policy.model_info), f"model_info of {policy.name}")
 
 
 @dataclass(frozen=True)

@@ -1,51 +1,16 @@
-"""What a call cost, in US dollars, from the upstream's prices per token.
+"""What a call cost, in US dollars, from the prices of the deployment that answered it.
 
-Prices come from the deployment's `model_info` (`input_cost_per_token`,
-`output_cost_per_token`, as in a LiteLLM proxy config), else from litellm's own cost map. The
-cost map is read from the JSON file litellm ships (the file LITELLM_LOCAL_MODEL_COST_MAP=True
-makes litellm read), located without importing litellm: importing it costs seconds and it is
-never fetched from the network here. A model with no known price (a policy's own endpoints,
-an unknown name) costs nothing, so budgets count only what the upstreams bill.
+The prices are apprentice/prices.py's (model_info first, else litellm's cost map). A model with
+no known price (a policy's own endpoints, an unknown name) costs nothing, so budgets count only
+what the upstreams bill.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import logging
-from pathlib import Path
 from typing import Any
 
-import orjson
-
+from apprentice.prices import Price, litellm_cost_map, price_from_info
 from apprentice.settings import ModelEntry
-
-log = logging.getLogger(__name__)
-
-COST_MAP_FILE = "model_prices_and_context_window_backup.json"
-
-Price = tuple[float, float]  # dollars per input token, per output token
-
-
-def _price(info: dict[str, Any]) -> Price | None:
-    given_in, given_out = info.get("input_cost_per_token"), info.get("output_cost_per_token")
-    if given_in is None and given_out is None:
-        return None
-    try:
-        return float(given_in or 0.0), float(given_out or 0.0)
-    except (TypeError, ValueError):
-        return None
-
-
-def litellm_cost_map_path() -> Path | None:
-    """The cost map litellm ships, found without importing the package."""
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        path = Path(location) / COST_MAP_FILE
-        if path.exists():
-            return path
-    return None
 
 
 class Prices:
@@ -54,24 +19,14 @@ class Prices:
     def __init__(self, model_list: list[ModelEntry]) -> None:
         self._configured: dict[tuple[str, str], Price] = {}
         for entry in model_list:
-            price = _price(entry.model_info)
+            price = price_from_info(entry.model_info)
             if price is not None:
                 self._configured.setdefault((entry.model_name, entry.litellm_params.model), price)
         self._cost_map: dict[str, Price] = {}
 
     def load(self) -> None:
         """Read litellm's cost map (tens of milliseconds; call it in a thread)."""
-        path = litellm_cost_map_path()
-        if path is None:
-            log.info("litellm's cost map is not installed: only model_info prices count towards budgets")
-            return
-        table = orjson.loads(path.read_bytes())
-        prices = {}
-        for name, info in table.items():
-            price = _price(info) if isinstance(info, dict) else None
-            if price is not None:
-                prices[name] = price
-        self._cost_map = prices
+        self._cost_map = litellm_cost_map()
 
     def per_token(self, target: Any) -> Price | None:
         """The price of a target (gateway.upstreams.routing.UpstreamTarget), or None if unknown."""
