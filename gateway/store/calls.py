@@ -24,8 +24,17 @@ STITCH_LOCK_ID = 0x4150_5354  # pg advisory lock held by the process running a s
 
 _CREATE_INCOMING = "CREATE TEMP TABLE IF NOT EXISTS incoming_calls (r jsonb NOT NULL) ON COMMIT DELETE ROWS"
 
+# The batch's keys are read FOR SHARE: an opt-out (gateway/auth/training_opt_out.py) updates the
+# key row, so it waits for a batch in flight and then withdraws that batch's trajectories too,
+# and a batch that starts after the opt-out reads the new flag. Read without the lock, a batch
+# that read the flag before the opt-out committed could commit its trajectories as trainable
+# after the withdrawal had run.
 _INSERT_CALLS = """
-WITH inserted AS (
+WITH key_flags AS MATERIALIZED (
+    SELECT k.id, k.training_opt_out FROM api_keys k
+    WHERE k.id IN (SELECT (r->>'api_key_id')::uuid FROM incoming_calls)
+    FOR SHARE
+), inserted AS (
     INSERT INTO calls (id, response_id, trajectory_id, tenant, api_key_id, model, policy, upstream,
                        upstream_model, adapter_version_id, created_at, latency_ms, ttft_ms, status_code,
                        error, stream, request, response, prompt_tokens, completion_tokens, temperature,
@@ -59,7 +68,7 @@ WITH inserted AS (
            bool_and(coalesce((c.r->>'trainable')::boolean, true) AND NOT coalesce(k.training_opt_out, false))
                AS trainable
     FROM inserted i JOIN incoming_calls c ON (c.r->>'id')::uuid = i.id
-    LEFT JOIN api_keys k ON k.id = (c.r->>'api_key_id')::uuid
+    LEFT JOIN key_flags k ON k.id = (c.r->>'api_key_id')::uuid
     GROUP BY i.trajectory_id
 )
 INSERT INTO trajectories AS t (id, tenant, model, policy, adapter_version_id, client_trajectory_id,
