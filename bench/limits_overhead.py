@@ -22,24 +22,27 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 from typing import Any
 
-from apprentice.processes import ManagedProcess, free_port
-from bench.gateway_overhead import REPO, apprentice_argv, drop_database, endpoint, log, recreate_database, wait_ready
+from bench.gateway_overhead import endpoint
 from bench.loadgen import LoadClient
-from bench.report import machine_line, markdown_table, write_section
-from bench.stats import median, percentile
+from bench.report import machine_line, markdown_table
+from bench.side_by_side import (
+    added,
+    arguments,
+    interleaved_rounds,
+    latency_cells,
+    load_note,
+    publish,
+    side_by_side,
+    sizes,
+)
+from bench.stats import median
 
 SECTION_TITLE = "Limits overhead"
-HOST = "127.0.0.1"
-ADMIN_URL = os.environ.get("APPRENTICE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 TARGETS = ("direct", "limits off", "limits on")
 HIGH = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "budget_usd": 10.0**9}
 
@@ -48,11 +51,8 @@ def limits_config() -> dict[str, Any]:
     return {"key": HIGH, "tenant_default": HIGH, "budget_window_s": 86400}
 
 
-def gateway_config(upstream: str, data_dir: Path, database_url: str, limited: bool) -> dict[str, Any]:
+def gateway_config(upstream: str, limited: bool) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "database_url": database_url,
-        "data_dir": str(data_dir),
-        "auth": {"mode": "open"},
         "model_list": [
             {
                 "model_name": "fake-model",
@@ -98,23 +98,7 @@ def cpu_cost_us(samples: int = 50_000) -> tuple[float, float]:
 async def measure(urls: dict[str, str], rounds: int, requests: int) -> dict[str, list[tuple[float, float]]]:
     """Per target, its (p50, p99) in ms in each round, targets interleaved within a round."""
     clients = {name: LoadClient(endpoint(url, False), 1) for name, url in urls.items()}
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
-    try:
-        for client in clients.values():  # warm-up: connections, caches, the journal's first segment
-            await client.run(max(20, requests // 5))
-        for number in range(rounds):
-            for name in TARGETS:
-                samples, _ = await clients[name].run(requests)
-                bad = sum(1 for s in samples if not s.ok)
-                if bad:
-                    raise RuntimeError(f"{name}: {bad} of {len(samples)} requests failed")
-                totals = [s.total * 1000.0 for s in samples]
-                results[name].append((median(totals), percentile(totals, 0.99)))
-            log(f"round {number + 1}/{rounds} done")
-    finally:
-        for client in clients.values():
-            client.close()
-    return results
+    return await interleaved_rounds(clients, rounds, requests)
 
 
 def limited_headers(url: str) -> str:
@@ -136,21 +120,10 @@ def render(
     load: tuple[float, float],
     header: str,
 ) -> str:
-    def added(name: str, base: str, index: int) -> float:
-        return median(a[index] - b[index] for a, b in zip(results[name], results[base], strict=True))
-
-    rows: list[list[object]] = []
-    for name in TARGETS:
-        p50 = median(r[0] for r in results[name])
-        p99 = median(r[1] for r in results[name])
-        over = (
-            "(baseline)" if name == "direct" else f"{added(name, 'direct', 0):+.3f} / {added(name, 'direct', 1):+.3f}"
-        )
-        rows.append([name, f"{p50:.3f}", f"{p99:.3f}", over])
-    own_p50, own_p99 = added("limits on", "limits off", 0), added("limits on", "limits off", 1)
+    rows = [[name, *latency_cells(results, name, None if name == "direct" else "direct")] for name in TARGETS]
+    own_p50, own_p99 = added(results, "limits on", "limits off", 0), added(results, "limits on", "limits off", 1)
     off_p50 = median(r[0] for r in results["limits off"])
     table = markdown_table(["target", "p50 (ms)", "p99 (ms)", "added over direct, p50 / p99 (ms)"], rows)
-    busy = load[0] >= 1.5 or load[1] >= 1.5
     return (
         f"{machine_line()}\n\n"
         f"`python -m bench.limits_overhead`: the fake upstream and two gateways (one worker each, recording into "
@@ -158,8 +131,7 @@ def render(
         f"(limits too high to refuse anything: every call is checked, reserved and settled, and the counts are "
         f"exchanged with PostgreSQL every second; its answers carried `x-ratelimit-limit-requests: {header}`); "
         f"non-streamed chat completions, concurrency 1, {rounds} interleaved rounds of {requests} requests per "
-        f"target; medians over rounds. Load average at start / end: {load[0]:.2f} / {load[1]:.2f}"
-        f"{' (a busy shared machine: read the figures as rough)' if busy else ''}.\n\n"
+        f"target; medians over rounds. {load_note(load)}.\n\n"
         f"{table}\n\n"
         f"- The limits add {own_p50:+.3f} ms at the median and {own_p99:+.3f} ms at p99 (limits on minus limits "
         f"off in the same round; the ratio of the medians is {(off_p50 + own_p50) / off_p50:.3f}).\n"
@@ -171,79 +143,21 @@ def render(
 
 async def run(args: argparse.Namespace) -> str:
     load_start = os.getloadavg()[0]
-    workdir = Path(tempfile.mkdtemp(prefix="bench-limits-"))
-    processes: list[ManagedProcess] = []
-
-    def started(process: ManagedProcess, timeout: float = 30) -> ManagedProcess:
-        process.start()
-        processes.append(process)
-        if process.ready_url:
-            process.wait_ready(timeout)
-        return process
-
-    upstream_port = free_port()
-    upstream_url = f"http://{HOST}:{upstream_port}/v1"
-    database = "apprentice_bench_limits"
-    database_url = recreate_database(ADMIN_URL, database)
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("APPRENTICE_")}
-    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    try:
-        started(
-            ManagedProcess(
-                "fake upstream",
-                [sys.executable, "-m", "tests.support.fake_upstream", "--port", str(upstream_port)],
-                workdir / "upstream.log",
-                cwd=REPO,
-                ready_url=f"{upstream_url}/models",
-            )
-        )
-        urls = {"direct": upstream_url}
+    async with side_by_side("limits") as stack:
         for name, limited in (("limits off", False), ("limits on", True)):
-            slug = name.replace(" ", "-")
-            config = workdir / f"{slug}.yaml"
-            config.write_text(json.dumps(gateway_config(upstream_url, workdir / slug, database_url, limited)))
-            if len(urls) == 1:
-                subprocess.run(
-                    apprentice_argv() + ["db", "upgrade", "--config", str(config)],
-                    check=True,
-                    cwd=REPO,
-                    env=env,
-                    timeout=300,
-                )
-            port = free_port()
-            gateway = ManagedProcess(
-                name,
-                apprentice_argv() + ["gateway", "--config", str(config), "--host", HOST, "--port", str(port)],
-                workdir / f"{slug}.log",
-                cwd=REPO,
-            )
-            gateway.env = env
-            started(gateway)
-            urls[name] = f"http://{HOST}:{port}/v1"
-            await wait_ready(urls[name], None, 120)
-        header = limited_headers(urls["limits on"])
+            await stack.add_gateway(name, gateway_config(stack.upstream_url, limited))
+        header = limited_headers(stack.urls["limits on"])
         if not header:
             raise RuntimeError("the limited gateway answered without x-ratelimit headers: limits are not on")
-        rounds, requests = (2, 30) if args.quick else (args.rounds, args.requests)
-        results = await measure(urls, rounds, requests)
+        rounds, requests = sizes(args)
+        results = await measure(stack.urls, rounds, requests)
         cost = cpu_cost_us(5_000 if args.quick else 50_000)
         return render(results, rounds, requests, cost, (load_start, os.getloadavg()[0]), header)
-    finally:
-        for process in reversed(processes):
-            process.stop()
-        drop_database(ADMIN_URL, database)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
-    args = parser.parse_args()
-    report = asyncio.run(run(args))
-    print(report)
-    if not args.quick:
-        write_section(SECTION_TITLE, report)
+    args = arguments(__doc__, 9, 300).parse_args()
+    publish(args, SECTION_TITLE, asyncio.run(run(args)))
 
 
 if __name__ == "__main__":

@@ -27,31 +27,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from apprentice.processes import ManagedProcess, free_port
-from bench.gateway_overhead import (
-    REPO,
-    apprentice_argv,
-    drop_database,
-    log,
-    recreate_database,
-    wait_ready,
-)
 from bench.loadgen import Endpoint, LoadClient
-from bench.report import machine_line, markdown_table, write_section
+from bench.report import machine_line, markdown_table
+from bench.side_by_side import added, arguments, interleaved_rounds, publish, side_by_side, sizes
 from bench.stats import median
 
 SECTION_TITLE = "Protocol endpoints: Responses and Messages beside chat completions"
-HOST = "127.0.0.1"
 PROMPT = "Answer in a few words: what is the capital of France?"
-ADMIN_URL = os.environ.get("APPRENTICE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 AUTH = {"Authorization": "Bearer sk-bench", "x-api-key": "sk-bench", "anthropic-version": "2023-06-01"}
 
 
@@ -121,11 +106,8 @@ KINDS = [
 ]
 
 
-def gateway_config(upstream: str, data_dir: Path, database_url: str) -> dict[str, Any]:
+def gateway_config(upstream: str) -> dict[str, Any]:
     return {
-        "database_url": database_url,
-        "data_dir": str(data_dir),
-        "auth": {"mode": "open"},
         "model_list": [
             {"model_name": "fake-model", "litellm_params": {"model": "openai/fake-model", "api_base": upstream}},
             {
@@ -137,45 +119,22 @@ def gateway_config(upstream: str, data_dir: Path, database_url: str) -> dict[str
     }
 
 
-async def measure(gateway: str, upstream: str, rounds: int, requests: int) -> dict[str, list[float]]:
-    """Per kind, its p50 (ms) in each round, kinds interleaved within a round."""
+async def measure(gateway: str, upstream: str, rounds: int, requests: int) -> dict[str, list[tuple[float, float]]]:
+    """Per kind, its (p50, p99) in ms in each round, kinds interleaved within a round."""
     clients = {kind.name: LoadClient(kind.endpoint(gateway, upstream), 1) for kind in KINDS}
-    p50s: dict[str, list[float]] = {kind.name: [] for kind in KINDS}
-    try:
-        for client in clients.values():  # warm-up: connections, caches, the journal's first segment
-            samples, _ = await client.run(max(20, requests // 5))
-            failed = [s for s in samples if not s.ok]
-            if failed:
-                raise RuntimeError(f"{client.endpoint.url}: {len(failed)} failed, e.g. {failed[0].body_tail[:300]!r}")
-        for number in range(rounds):
-            for kind in KINDS:
-                samples, _ = await clients[kind.name].run(requests)
-                bad = sum(1 for s in samples if not s.ok)
-                if bad:
-                    raise RuntimeError(f"{kind.name}: {bad} of {len(samples)} requests failed")
-                p50s[kind.name].append(median(s.total * 1000.0 for s in samples))
-            log(f"round {number + 1}/{rounds} done")
-    finally:
-        for client in clients.values():
-            client.close()
-    return p50s
+    return await interleaved_rounds(clients, rounds, requests, check_warm_up=True)
 
 
-def added(p50s: dict[str, list[float]]) -> dict[str, float]:
+def overheads(results: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
     """Median over rounds of (the kind's p50 - its baseline's p50 in the same round), ms."""
-    out = {}
-    for kind in KINDS:
-        if kind.baseline is not None:
-            diffs = [a - b for a, b in zip(p50s[kind.name], p50s[kind.baseline], strict=True)]
-            out[kind.name] = median(diffs)
-    return out
+    return {kind.name: added(results, kind.name, kind.baseline, 0) for kind in KINDS if kind.baseline is not None}
 
 
-def render(p50s: dict[str, list[float]], rounds: int, requests: int) -> str:
-    overhead = added(p50s)
+def render(results: dict[str, list[tuple[float, float]]], rounds: int, requests: int) -> str:
+    overhead = overheads(results)
     rows = []
     for kind in KINDS:
-        row = [kind.name, f"{median(p50s[kind.name]):.3f}"]
+        row = [kind.name, f"{median(r[0] for r in results[kind.name]):.3f}"]
         row.append(f"{overhead[kind.name]:+.3f}" if kind.name in overhead else "(baseline)")
         rows.append(row)
     chat_policy = overhead["chat -> policy"]
@@ -204,58 +163,16 @@ def render(p50s: dict[str, list[float]], rounds: int, requests: int) -> str:
 
 
 async def run(args: argparse.Namespace) -> str:
-    workdir = Path(tempfile.mkdtemp(prefix="bench-protocols-"))
-    upstream_port = free_port()
-    upstream = ManagedProcess(
-        "fake upstream",
-        [sys.executable, "-m", "tests.support.fake_upstream", "--port", str(upstream_port)],
-        workdir / "upstream.log",
-        cwd=REPO,
-        ready_url=f"http://{HOST}:{upstream_port}/v1/models",
-    )
-    upstream.start()
-    upstream.wait_ready(30)
-    upstream_url = f"http://{HOST}:{upstream_port}/v1"
-    database = "apprentice_bench_protocols"
-    database_url = recreate_database(ADMIN_URL, database)
-    config = workdir / "gateway.yaml"
-    config.write_text(json.dumps(gateway_config(upstream_url, workdir / "data", database_url)))
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("APPRENTICE_")}
-    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    subprocess.run(
-        apprentice_argv() + ["db", "upgrade", "--config", str(config)], check=True, cwd=REPO, env=env, timeout=300
-    )
-    port = free_port()
-    gateway = ManagedProcess(
-        "gateway",
-        apprentice_argv() + ["gateway", "--config", str(config), "--host", HOST, "--port", str(port)],
-        workdir / "gateway.log",
-        cwd=REPO,
-    )
-    gateway.env = env
-    gateway.start()
-    try:
-        gateway_url = f"http://{HOST}:{port}/v1"
-        await wait_ready(gateway_url, None, 120)
-        rounds, requests = (2, 30) if args.quick else (args.rounds, args.requests)
-        p50s = await measure(gateway_url, upstream_url, rounds, requests)
-        return render(p50s, rounds, requests)
-    finally:
-        gateway.stop()
-        upstream.stop()
-        drop_database(ADMIN_URL, database)
+    async with side_by_side("protocols") as stack:
+        gateway_url = await stack.add_gateway("gateway", gateway_config(stack.upstream_url))
+        rounds, requests = sizes(args)
+        results = await measure(gateway_url, stack.upstream_url, rounds, requests)
+        return render(results, rounds, requests)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
-    args = parser.parse_args()
-    report = asyncio.run(run(args))
-    print(report)
-    if not args.quick:
-        write_section(SECTION_TITLE, report)
+    args = arguments(__doc__, 9, 200).parse_args()
+    publish(args, SECTION_TITLE, asyncio.run(run(args)))
 
 
 if __name__ == "__main__":

@@ -25,23 +25,26 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-from apprentice.processes import ManagedProcess, free_port
-from bench.gateway_overhead import REPO, apprentice_argv, drop_database, log, pg_connect, recreate_database, wait_ready
+from bench.gateway_overhead import pg_connect
 from bench.loadgen import Endpoint, LoadClient
-from bench.report import machine_line, markdown_table, write_section
-from bench.stats import median, percentile
+from bench.report import machine_line, markdown_table
+from bench.side_by_side import (
+    added,
+    arguments,
+    interleaved_rounds,
+    latency_cells,
+    load_note,
+    publish,
+    side_by_side,
+    sizes,
+)
+from bench.stats import median
 
 SECTION_TITLE = "Redaction overhead"
-HOST = "127.0.0.1"
-ADMIN_URL = os.environ.get("APPRENTICE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 TARGETS = ("direct", "redaction off", "redaction on")
 RULES = [{"name": "ticket", "pattern": r"TICKET-(\d{4,})"}]
 EMAIL = "jane.doe@example.com"
@@ -78,11 +81,8 @@ def body(kind: str) -> bytes:
     return json.dumps({"model": model, "messages": content, "max_tokens": 64, "stream": stream}).encode()
 
 
-def gateway_config(upstream: str, data_dir: Path, database_url: str, redact: bool) -> dict[str, Any]:
+def gateway_config(upstream: str, redact: bool) -> dict[str, Any]:
     return {
-        "database_url": database_url,
-        "data_dir": str(data_dir),
-        "auth": {"mode": "open"},
         "model_list": [
             {"model_name": name, "litellm_params": {"model": f"openai/{name}", "api_base": upstream}}
             for name in ("fake-model", SLOW_MODEL)
@@ -133,23 +133,7 @@ async def measure(urls: dict[str, str], rounds: int, requests: int) -> dict[tupl
         for kind in KINDS
         for name, url in urls.items()
     }
-    results: dict[tuple[str, str], list[tuple[float, float]]] = {key: [] for key in clients}
-    try:
-        for client in clients.values():  # warm-up: connections, caches, the journal's first segment
-            await client.run(max(20, requests // 5))
-        for number in range(rounds):
-            for key, client in clients.items():
-                samples, _ = await client.run(requests)
-                bad = sum(1 for s in samples if not s.ok)
-                if bad:
-                    raise RuntimeError(f"{key}: {bad} of {len(samples)} requests failed")
-                totals = [s.total * 1000.0 for s in samples]
-                results[key].append((median(totals), percentile(totals, 0.99)))
-            log(f"round {number + 1}/{rounds} done")
-    finally:
-        for client in clients.values():
-            client.close()
-    return results
+    return await interleaved_rounds(clients, rounds, requests)
 
 
 def stored_proof(database_url: str) -> tuple[int, int]:
@@ -172,24 +156,15 @@ def render(
     proof: tuple[int, int],
     load: tuple[float, float],
 ) -> str:
-    def added(kind: str, name: str, base: str, index: int) -> float:
-        pairs = zip(results[(kind, name)], results[(kind, base)], strict=True)
-        return median(a[index] - b[index] for a, b in pairs)
-
     rows: list[list[object]] = []
     notes = []
     for kind in KINDS:
         for name in TARGETS:
-            p50 = median(r[0] for r in results[(kind, name)])
-            p99 = median(r[1] for r in results[(kind, name)])
-            over = (
-                "(baseline)"
-                if name == "direct"
-                else f"{added(kind, name, 'direct', 0):+.3f} / {added(kind, name, 'direct', 1):+.3f}"
-            )
-            rows.append([kind, name, f"{p50:.3f}", f"{p99:.3f}", over])
-        own50, own99 = added(kind, "redaction on", "redaction off", 0), added(kind, "redaction on", "redaction off", 1)
-        off = median(r[0] for r in results[(kind, "redaction off")])
+            base = None if name == "direct" else (kind, "direct")
+            rows.append([kind, name, *latency_cells(results, (kind, name), base)])
+        on_key, off_key = (kind, "redaction on"), (kind, "redaction off")
+        own50, own99 = added(results, on_key, off_key, 0), added(results, on_key, off_key, 1)
+        off = median(r[0] for r in results[off_key])
         early, late = cost[kind]
         notes.append(
             f"- {kind}: redaction adds {own50:+.3f} ms at the median and {own99:+.3f} ms at p99 (on minus off in "
@@ -197,7 +172,6 @@ def render(
             f"{early:.1f} µs (redacted while the upstream works) and the answer {late:.1f} µs (before the last byte)."
         )
     table = markdown_table(["request", "target", "p50 (ms)", "p99 (ms)", "added over direct, p50 / p99 (ms)"], rows)
-    busy = load[0] >= 1.5 or load[1] >= 1.5
     return (
         f"{machine_line()}\n\n"
         f"`python -m bench.redaction_overhead`: the fake upstream and two gateways (one worker each, recording into "
@@ -205,88 +179,29 @@ def render(
         f"request (system prompt and ten turns, about 3 KB), clean or holding an e-mail address, a phone number, a "
         f"key and a card number; concurrency 1, {rounds} interleaved rounds of {requests} requests per request kind "
         f"and target; medians over rounds. Stored afterwards: {proof[0]} calls with the address as a placeholder in "
-        f"request and answer (redaction on), {proof[1]} with it in clear (redaction off). Load average at start / "
-        f"end: {load[0]:.2f} / {load[1]:.2f}{' (a busy shared machine: read the figures as rough)' if busy else ''}."
+        f"request and answer (redaction on), {proof[1]} with it in clear (redaction off). {load_note(load)}."
         f"\n\n{table}\n\n" + "\n".join(notes) + "\n"
     )
 
 
 async def run(args: argparse.Namespace) -> str:
     load_start = os.getloadavg()[0]
-    workdir = Path(tempfile.mkdtemp(prefix="bench-redaction-"))
-    processes: list[ManagedProcess] = []
-
-    def started(process: ManagedProcess, timeout: float = 30) -> ManagedProcess:
-        process.start()
-        processes.append(process)
-        if process.ready_url:
-            process.wait_ready(timeout)
-        return process
-
-    upstream_port = free_port()
-    upstream_url = f"http://{HOST}:{upstream_port}/v1"
-    database = "apprentice_bench_redaction"
-    database_url = recreate_database(ADMIN_URL, database)
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("APPRENTICE_")}
-    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    try:
-        started(
-            ManagedProcess(
-                "fake upstream",
-                [sys.executable, "-m", "tests.support.fake_upstream", "--port", str(upstream_port)],
-                workdir / "upstream.log",
-                cwd=REPO,
-                ready_url=f"{upstream_url}/models",
-            )
-        )
-        urls = {"direct": upstream_url}
+    async with side_by_side("redaction") as stack:
         for name, redact in (("redaction off", False), ("redaction on", True)):
-            slug = name.replace(" ", "-")
-            config = workdir / f"{slug}.yaml"
-            config.write_text(json.dumps(gateway_config(upstream_url, workdir / slug, database_url, redact)))
-            if len(urls) == 1:
-                subprocess.run(
-                    apprentice_argv() + ["db", "upgrade", "--config", str(config)],
-                    check=True,
-                    cwd=REPO,
-                    env=env,
-                    timeout=300,
-                )
-            port = free_port()
-            gateway = ManagedProcess(
-                name,
-                apprentice_argv() + ["gateway", "--config", str(config), "--host", HOST, "--port", str(port)],
-                workdir / f"{slug}.log",
-                cwd=REPO,
-            )
-            gateway.env = env
-            started(gateway)
-            urls[name] = f"http://{HOST}:{port}/v1"
-            await wait_ready(urls[name], None, 120)
-        rounds, requests = (2, 30) if args.quick else (args.rounds, args.requests)
-        results = await measure(urls, rounds, requests)
+            await stack.add_gateway(name, gateway_config(stack.upstream_url, redact))
+        rounds, requests = sizes(args)
+        results = await measure(stack.urls, rounds, requests)
         await asyncio.sleep(2.0)  # the journals ship
-        proof = stored_proof(database_url)
+        proof = stored_proof(stack.database_url)
         if not proof[0] or not proof[1]:
             raise RuntimeError(f"expected redacted and clear calls in the store, found {proof}")
         cost = cpu_cost_us(200 if args.quick else 2000)
         return render(results, rounds, requests, cost, proof, (load_start, os.getloadavg()[0]))
-    finally:
-        for process in reversed(processes):
-            process.stop()
-        drop_database(ADMIN_URL, database)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--requests", type=int, default=150)
-    parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
-    args = parser.parse_args()
-    report = asyncio.run(run(args))
-    print(report)
-    if not args.quick:
-        write_section(SECTION_TITLE, report)
+    args = arguments(__doc__, 7, 150).parse_args()
+    publish(args, SECTION_TITLE, asyncio.run(run(args)))
 
 
 if __name__ == "__main__":

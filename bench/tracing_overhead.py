@@ -21,23 +21,29 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 from apprentice.processes import ManagedProcess, free_port
-from bench.gateway_overhead import REPO, apprentice_argv, drop_database, endpoint, log, recreate_database, wait_ready
+from bench.gateway_overhead import REPO, endpoint
 from bench.loadgen import LoadClient
-from bench.report import machine_line, markdown_table, write_section
-from bench.stats import median, percentile
+from bench.report import machine_line, markdown_table
+from bench.side_by_side import (
+    HOST,
+    added,
+    arguments,
+    interleaved_rounds,
+    latency_cells,
+    load_note,
+    publish,
+    side_by_side,
+    sizes,
+)
+from bench.stats import median
 
 SECTION_TITLE = "Tracing overhead"
-HOST = "127.0.0.1"
-ADMIN_URL = os.environ.get("APPRENTICE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 TARGETS = ("direct", "tracing off", "tracing on")
 # The gateway's latency budget at concurrency 1 (issue 2; docs/benchmarks.md, Gateway overhead):
 # what it adds over the direct call, tracing included.
@@ -136,11 +142,8 @@ def cpu_costs_us(samples: int = 20_000) -> tuple[float, float, float]:
 
 
 # ---- the measurement -----------------------------------------------------------------------
-def gateway_config(upstream: str, data_dir: Path, database_url: str, collector: str | None) -> dict[str, Any]:
+def gateway_config(upstream: str, collector: str | None) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "database_url": database_url,
-        "data_dir": str(data_dir),
-        "auth": {"mode": "open"},
         "model_list": [
             {"model_name": "fake-model", "litellm_params": {"model": "openai/fake-model", "api_base": upstream}}
         ],
@@ -153,23 +156,7 @@ def gateway_config(upstream: str, data_dir: Path, database_url: str, collector: 
 async def measure(urls: dict[str, str], rounds: int, requests: int) -> dict[str, list[tuple[float, float]]]:
     """Per target, its (p50, p99) in ms in each round, targets interleaved within a round."""
     clients = {name: LoadClient(endpoint(url, False), 1) for name, url in urls.items()}
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
-    try:
-        for client in clients.values():  # warm-up: connections, caches, the journal's first segment
-            await client.run(max(20, requests // 5))
-        for number in range(rounds):
-            for name in TARGETS:
-                samples, _ = await clients[name].run(requests)
-                bad = sum(1 for s in samples if not s.ok)
-                if bad:
-                    raise RuntimeError(f"{name}: {bad} of {len(samples)} requests failed")
-                totals = [s.total * 1000.0 for s in samples]
-                results[name].append((median(totals), percentile(totals, 0.99)))
-            log(f"round {number + 1}/{rounds} done")
-    finally:
-        for client in clients.values():
-            client.close()
-    return results
+    return await interleaved_rounds(clients, rounds, requests)
 
 
 def render(
@@ -182,30 +169,18 @@ def render(
     costs: tuple[float, float, float],
     load: tuple[float, float],
 ) -> str:
-    def added(name: str, base: str, index: int) -> float:
-        return median(a[index] - b[index] for a, b in zip(results[name], results[base], strict=True))
-
-    rows: list[list[object]] = []
-    for name in TARGETS:
-        p50 = median(r[0] for r in results[name])
-        p99 = median(r[1] for r in results[name])
-        over = (
-            "(baseline)" if name == "direct" else f"{added(name, 'direct', 0):+.3f} / {added(name, 'direct', 1):+.3f}"
-        )
-        rows.append([name, f"{p50:.3f}", f"{p99:.3f}", over])
-    traced_p50, traced_p99 = added("tracing on", "direct", 0), added("tracing on", "direct", 1)
-    off_p50, off_p99 = added("tracing off", "direct", 0), added("tracing off", "direct", 1)
-    tracing_p50 = added("tracing on", "tracing off", 0)
-    tracing_p99 = added("tracing on", "tracing off", 1)
+    rows = [[name, *latency_cells(results, name, None if name == "direct" else "direct")] for name in TARGETS]
+    traced_p50, traced_p99 = added(results, "tracing on", "direct", 0), added(results, "tracing on", "direct", 1)
+    off_p50, off_p99 = added(results, "tracing off", "direct", 0), added(results, "tracing off", "direct", 1)
+    tracing_p50 = added(results, "tracing on", "tracing off", 0)
+    tracing_p99 = added(results, "tracing on", "tracing off", 1)
     table = markdown_table(["target", "p50 (ms)", "p99 (ms)", "added over direct, p50 / p99 (ms)"], rows)
-    busy = load[0] >= 1.5 or load[1] >= 1.5
     return (
         f"{machine_line()}\n\n"
         f"`python -m bench.tracing_overhead`: the fake upstream, two gateways (one worker each, recording into "
         f"PostgreSQL), one without tracing and one exporting every call over OTLP/HTTP to a collector process that "
         f"decodes each export; non-streamed chat completions, concurrency 1, {rounds} interleaved rounds of "
-        f"{requests} requests per target; medians over rounds. Load average at start / end: "
-        f"{load[0]:.2f} / {load[1]:.2f}{' (a busy shared machine: read the figures as rough)' if busy else ''}.\n\n"
+        f"{requests} requests per target; medians over rounds. {load_note(load)}.\n\n"
         f"{table}\n\n"
         f"- Tracing itself adds {tracing_p50:+.3f} ms at the median and {tracing_p99:+.3f} ms at p99 (tracing on "
         f"minus tracing off in the same round).\n"
@@ -225,72 +200,23 @@ def render(
 
 async def run(args: argparse.Namespace) -> str:
     load_start = os.getloadavg()[0]
-    workdir = Path(tempfile.mkdtemp(prefix="bench-tracing-"))
-    processes: list[ManagedProcess] = []
-
-    def started(process: ManagedProcess, timeout: float = 30) -> ManagedProcess:
-        process.start()
-        processes.append(process)
-        if process.ready_url:
-            process.wait_ready(timeout)
-        return process
-
-    upstream_port, collector_port = free_port(), free_port()
-    upstream_url = f"http://{HOST}:{upstream_port}/v1"
+    collector_port = free_port()
     collector_url = f"http://{HOST}:{collector_port}"
-    database = "apprentice_bench_tracing"
-    database_url = recreate_database(ADMIN_URL, database)
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith(("APPRENTICE_", "OTEL_"))}
-    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    try:
-        started(
-            ManagedProcess(
-                "fake upstream",
-                [sys.executable, "-m", "tests.support.fake_upstream", "--port", str(upstream_port)],
-                workdir / "upstream.log",
-                cwd=REPO,
-                ready_url=f"{upstream_url}/models",
-            )
-        )
-        started(
+    async with side_by_side("tracing", hidden_env=("APPRENTICE_", "OTEL_")) as stack:
+        stack.start(
             ManagedProcess(
                 "collector",
                 [sys.executable, "-m", "bench.tracing_overhead", "--collector", str(collector_port)],
-                workdir / "collector.log",
+                stack.workdir / "collector.log",
                 cwd=REPO,
                 ready_url=f"{collector_url}/count",
             )
         )
-        urls = {"direct": upstream_url}
-        gateways: dict[str, str] = {}
         for name, collector in (("tracing off", None), ("tracing on", collector_url)):
-            config = workdir / f"{name.replace(' ', '-')}.yaml"
-            config.write_text(
-                json.dumps(gateway_config(upstream_url, workdir / name.replace(" ", "-"), database_url, collector))
-            )
-            if not gateways:
-                subprocess.run(
-                    apprentice_argv() + ["db", "upgrade", "--config", str(config)],
-                    check=True,
-                    cwd=REPO,
-                    env=env,
-                    timeout=300,
-                )
-            port = free_port()
-            gateway = ManagedProcess(
-                name,
-                apprentice_argv() + ["gateway", "--config", str(config), "--host", HOST, "--port", str(port)],
-                workdir / f"{name.replace(' ', '-')}.log",
-                cwd=REPO,
-            )
-            gateway.env = env
-            started(gateway)
-            gateways[name] = f"http://{HOST}:{port}"
-            urls[name] = f"http://{HOST}:{port}/v1"
-            await wait_ready(urls[name], None, 120)
-        rounds, requests = (2, 30) if args.quick else (args.rounds, args.requests)
-        results = await measure(urls, rounds, requests)
-        traced = gateways["tracing on"]
+            await stack.add_gateway(name, gateway_config(stack.upstream_url, collector))
+        rounds, requests = sizes(args)
+        results = await measure(stack.urls, rounds, requests)
+        traced = stack.urls["tracing on"].removesuffix("/v1")
         traced_calls = int(gateway_metric(traced, "apprentice_journaled_calls_total"))
         deadline = time.monotonic() + 15
         while collector_count(collector_url)["spans"] < traced_calls and time.monotonic() < deadline:
@@ -301,26 +227,16 @@ async def run(args: argparse.Namespace) -> str:
         return render(
             results, rounds, requests, exported, traced_calls, dropped, costs, (load_start, os.getloadavg()[0])
         )
-    finally:
-        for process in reversed(processes):
-            process.stop()
-        drop_database(ADMIN_URL, database)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
+    parser = arguments(__doc__, 9, 300)
     parser.add_argument("--collector", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.collector:
         serve_collector(args.collector)
         return
-    report = asyncio.run(run(args))
-    print(report)
-    if not args.quick:
-        write_section(SECTION_TITLE, report)
+    publish(args, SECTION_TITLE, asyncio.run(run(args)))
 
 
 if __name__ == "__main__":
