@@ -20,7 +20,15 @@ from tests.test_operations import metric
 
 POLL = "adapter-version-poll"
 LISTENER = "adapter-notify-listener"
-WORKERS = {"api-key-refresh", POLL, LISTENER, "journal-shipper", "trajectory-stitcher", "reward-linker"}
+WORKERS = {
+    "api-key-refresh",
+    POLL,
+    LISTENER,
+    "journal-shipper",
+    "trajectory-stitcher",
+    "reward-linker",
+    "limit-sync",  # per-key and per-tenant limit counts exchanged between processes
+}
 
 
 def readiness(gateway) -> httpx.Response:  # noqa: ANN001
