@@ -50,6 +50,7 @@ from learner.jobs.run import (
     _remove_orphan_adapters,
     _start_run,
     adapters_dir,
+    end_failed_run,
     learner_database_url,
     with_policy_lock,
 )
@@ -226,17 +227,7 @@ def _locked_distillation(
             return RunOutcome("skipped", policy.name, run_id, metrics=metrics, error="no teacher trajectory selected")
         return _train_and_record(connection, policy, trainer, run_id, data, head, directory, metrics, started)
     except BaseException as exc:
-        from learner.grpo.trainer import NonFiniteLoss
-
-        status = "aborted" if isinstance(exc, NonFiniteLoss) else "failed"
-        log.exception("distillation run %s for %s %s", run_id, policy.name, status)
-        try:
-            _finish_run(connection, run_id, status, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
-        except psycopg.Error:
-            log.exception("could not record the end of run %s", run_id)
-        if not isinstance(exc, Exception):
-            raise
-        return RunOutcome(status, policy.name, run_id, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
+        return end_failed_run(connection, "distillation run", policy.name, run_id, exc, metrics)
 
 
 def _train_and_record(

@@ -421,17 +421,30 @@ def _locked_run(
             return run.skip("no group with a learning signal", {**run.group_counts, "groups": 0, "trajectories": 0})
         return _train_and_record(run)
     except BaseException as exc:
-        from learner.grpo.trainer import NonFiniteLoss
+        return end_failed_run(connection, "learner run", policy.name, run_id, exc, metrics)
 
-        status = "aborted" if isinstance(exc, NonFiniteLoss) else "failed"
-        log.exception("learner run %s for %s %s", run_id, policy.name, status)
-        try:
-            _finish_run(connection, run_id, status, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
-        except psycopg.Error:
-            log.exception("could not record the end of run %s", run_id)
-        if not isinstance(exc, Exception):
-            raise
-        return RunOutcome(status, policy.name, run_id, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
+
+def end_failed_run(
+    connection: psycopg.Connection[Any],
+    kind: str,
+    policy_name: str,
+    run_id: str,
+    exc: BaseException,
+    metrics: dict[str, Any],
+) -> RunOutcome:
+    """Record a run that raised as `aborted` (a non-finite loss) or `failed`, and say so; an
+    interrupt (KeyboardInterrupt, SystemExit) is recorded and raised again."""
+    from learner.grpo.trainer import NonFiniteLoss
+
+    status = "aborted" if isinstance(exc, NonFiniteLoss) else "failed"
+    log.exception("%s %s for %s %s", kind, run_id, policy_name, status)
+    try:
+        _finish_run(connection, run_id, status, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
+    except psycopg.Error:
+        log.exception("could not record the end of run %s", run_id)
+    if not isinstance(exc, Exception):
+        raise exc
+    return RunOutcome(status, policy_name, run_id, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
 
 
 def _train_and_record(run: RunContext) -> RunOutcome:
