@@ -17,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from apprentice.discovery.entries import EntryError, parse_entry, parse_nameserver
+
 ENV_REFERENCE_PREFIX = "os.environ/"
 
 # LiteLLM provider prefixes whose endpoints speak the OpenAI wire format: calls to them are
@@ -117,6 +119,26 @@ class ModelEntry(BaseModel):
         return NATIVE_PROTOCOLS_BY_PROVIDER.get(self.litellm_params.provider, frozenset())
 
 
+class AdapterStoreSettings(BaseModel):
+    """A shared adapter store: the directory vLLM's filesystem LoRA resolver reads.
+
+    The promotion job publishes every canary and promoted version of the policy there as
+    `<path>/<version name>/` (adapter_config.json + weights), and removes a version's copy
+    `unload_grace_s` after it stops serving, so an inference replica started with
+    `VLLM_PLUGINS=lora_filesystem_resolver`, `VLLM_LORA_RESOLVER_CACHE_DIR=<path>` and
+    `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` serves them on first request (docs/local-inference.md).
+    Several policies may share one path: version names are unique.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path
+    # What vLLM compares each adapter's `base_model_name_or_path` with: the `--model` the
+    # inference servers were started with (a hub name or their local directory, not the
+    # --served-model-name). None: the policy's base_model.
+    base_model: str | None = None
+
+
 class PromotionSettings(BaseModel):
     """How a policy's new adapters reach traffic: gates, canary, evaluation, retention.
 
@@ -151,6 +173,9 @@ class PromotionSettings(BaseModel):
     keep_last: int = Field(default=5, ge=1)
     # Retired and rejected adapters stay loaded at the endpoints this long (calls in flight).
     unload_grace_s: float = Field(default=300.0, ge=0)
+    # Publish serving versions to a shared directory for vLLM's filesystem LoRA resolver
+    # (replicas that start later find them by name); None: endpoints are loaded over HTTP only.
+    adapter_store: AdapterStoreSettings | None = None
 
 
 class RouterSettings(BaseModel):
@@ -438,7 +463,9 @@ class PolicySettings(BaseModel):
     name: str
     base_model: str
     # OpenAI-compatible inference endpoints (vLLM or `apprentice serve-model`), e.g.
-    # "http://127.0.0.1:8001/v1"; the gateway sends the policy's calls to them.
+    # "http://127.0.0.1:8001/v1"; the gateway sends the policy's calls to them. An entry
+    # "dns+http://NAME:PORT/PATH" (a Kubernetes headless service) stands for one endpoint per
+    # address NAME resolves to, refreshed every endpoint_discovery.refresh_s (apprentice/discovery).
     endpoints: list[str] = Field(default_factory=list)
     api_key: SecretStr | None = None
     timeout: float = 600.0
@@ -488,7 +515,35 @@ class PolicySettings(BaseModel):
     @field_validator("endpoints")
     @classmethod
     def _strip_endpoints(cls, value: list[str]) -> list[str]:
-        return [endpoint.rstrip("/") for endpoint in value]
+        try:
+            for endpoint in value:
+                parse_entry(endpoint)  # a dns+ entry that cannot be resolved as written fails here
+        except EntryError as exc:
+            raise ConfigError(str(exc)) from None
+        return [endpoint.strip().rstrip("/") for endpoint in value]
+
+
+class EndpointDiscoverySettings(BaseModel):
+    """How `dns+http://` endpoint entries are resolved (apprentice/discovery)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Each name is looked up again this often by every gateway process and the promotion job.
+    refresh_s: float = Field(default=10.0, gt=0)
+    # One lookup (A and AAAA together) gives up after this long; the last known set is kept.
+    timeout_s: float = Field(default=2.0, gt=0)
+    # "10.0.0.10", "10.0.0.10:5353", "[fd00::10]:53"; empty: the system's /etc/resolv.conf.
+    nameservers: list[str] = Field(default_factory=list)
+
+    @field_validator("nameservers")
+    @classmethod
+    def _check_nameservers(cls, value: list[str]) -> list[str]:
+        try:
+            for nameserver in value:
+                parse_nameserver(nameserver)
+        except EntryError as exc:
+            raise ConfigError(str(exc)) from None
+        return value
 
 
 class AuthSettings(BaseModel):
@@ -599,6 +654,25 @@ class RewardSettings(BaseModel):
     max_comment_chars: int = 4096
 
 
+class HistorySettings(BaseModel):
+    """The partitioned `calls` table (docs/history.md): partitions made ahead, old ones dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Width of each new partition of `calls`: at 1,000 calls/s a day is 86 million rows, a week
+    # 600 million; a day keeps each partition's indexes and retention's unit small.
+    partition_interval: Literal["day", "week"] = "day"
+    # Partitions exist this far past now, so a call never waits on DDL.
+    create_ahead_days: int = Field(default=7, ge=1, le=366)
+    # Partitions wholly older than this are dropped (rows still needed are kept, docs/history.md);
+    # None: the history is kept for ever.
+    retention_days: float | None = Field(default=None, gt=0)
+    # How often a gateway process runs the maintenance (one process at a time does the work).
+    maintenance_interval_s: float = Field(default=3600.0, gt=0)
+    # DDL waits at most this long for its lock; a busy table is tried again at the next pass.
+    lock_timeout_s: float = Field(default=5.0, gt=0)
+
+
 class LocalModelServerSettings(BaseModel):
     """A local inference server (`apprentice serve-model`) that `apprentice up` starts and
     stops with the rest; policies reach it at `url` like any other endpoint."""
@@ -678,6 +752,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     stitching: StitchSettings = Field(default_factory=StitchSettings)
     rewards: RewardSettings = Field(default_factory=RewardSettings)
+    history: HistorySettings = Field(default_factory=HistorySettings)
 
     model_list: list[ModelEntry] = Field(default_factory=list)
     router_settings: RouterSettings = Field(default_factory=RouterSettings)
@@ -686,6 +761,8 @@ class Settings(BaseSettings):
     local_model_server: LocalModelServerSettings | None = None
     # How often each gateway process reads which adapter versions serve the policies.
     adapter_poll_interval_s: float = 1.0
+    # Resolving endpoints given as a DNS name (dns+http://NAME:PORT/PATH in a policy's endpoints).
+    endpoint_discovery: EndpointDiscoverySettings = Field(default_factory=EndpointDiscoverySettings)
     # model_name of the deployment that receives endpoints other than chat completions
     # (embeddings, moderations, ...); defaults to the first entry of model_list.
     default_upstream: str | None = None

@@ -66,6 +66,36 @@ WORKER_LAST_SUCCESS = Gauge(
     multiprocess_mode="min",
 )
 
+# Endpoints given as a DNS name (apprentice/discovery, gateway/upstreams/discovery.py).
+ENDPOINT_LOOKUP_FAILURES = Counter(
+    "apprentice_endpoint_lookup_failures_total",
+    "DNS lookups of policy endpoints that failed or found no address (the last known set was kept)",
+    ["name"],
+)
+POLICY_ENDPOINTS = Gauge(
+    "apprentice_policy_endpoints",
+    "Inference endpoints a policy's calls are sent to now (fixed and resolved)",
+    ["policy"],
+    multiprocess_mode="livemostrecent",
+)
+
+
+# The partitioned history (gateway/history.py, apprentice/store/history.py): counted by the
+# process that did the work; the partitions gauge is the latest count any process saw.
+HISTORY_PARTITIONS_CREATED = Counter("apprentice_history_partitions_created_total", "Partitions of calls created ahead")
+HISTORY_PARTITIONS_DROPPED = Counter(
+    "apprentice_history_partitions_dropped_total", "Partitions of calls dropped by retention"
+)
+HISTORY_CALLS_DROPPED = Counter(
+    "apprentice_history_calls_dropped_total", "Calls dropped by retention (whole partitions and old DEFAULT rows)"
+)
+HISTORY_CALLS_KEPT = Counter(
+    "apprentice_history_calls_kept_total",
+    "Calls of dropped partitions kept because untrained or serving-lineage trajectories need them",
+)
+HISTORY_PARTITIONS = Gauge(
+    "apprentice_history_partitions", "Range partitions of calls (the DEFAULT one not counted)", multiprocess_mode="max"
+)
 
 # The LLM judge (gateway/judging). The budget gauge is each live process's latest view
 # ("livemostrecent": a dead process's stale value never wins); the budget itself is counted

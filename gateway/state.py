@@ -14,11 +14,13 @@ from typing import Any
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from apprentice.discovery.directory import shared_directory
 from apprentice.settings import Settings, resolve_secret
 from apprentice.store.engine import make_async_engine
 from apprentice.store.secrets import instance_secret
 from gateway import metrics
 from gateway.auth.keys import KeyCache, KeyInfo
+from gateway.history import HistoryMaintenance
 from gateway.http.asgi import header
 from gateway.http.errors import GatewayError
 from gateway.journal.rejected import set_aside
@@ -37,6 +39,7 @@ from gateway.tracing.exporter import make_tracer
 from gateway.trajectories.cap import TrajectoryCap
 from gateway.trajectories.stitching import StitchIndex
 from gateway.upstreams.direct import make_session
+from gateway.upstreams.discovery import EndpointDiscovery
 from gateway.upstreams.routing import Router
 from gateway.workers import PeriodicWorker
 
@@ -55,7 +58,11 @@ class GatewayState:
     def __init__(self, settings: Settings, database_url: str) -> None:
         self.settings = settings
         self.database_url = database_url
-        self.router = Router(settings)
+        # Policy endpoints given as DNS names: resolved at start, refreshed by a worker, read
+        # from memory by the router (the admin API's promotion actions share the directory).
+        self.endpoint_directory = shared_directory(settings.endpoint_discovery)
+        self.router = Router(settings, self.endpoint_directory)
+        self.endpoint_discovery = EndpointDiscovery(settings, self.endpoint_directory, self.router)
         self.engine: AsyncEngine = make_async_engine(database_url)
         self.journal = JournalWriter(
             settings.journal_dir,
@@ -102,6 +109,8 @@ class GatewayState:
         self.reward_linker = RewardLinker(self.engine, settings)
         # Only when some policy has a judge (docs/judge.md).
         self.judge = JudgeWorker(self.engine, settings)
+        # Partitions of calls made ahead and dropped by retention (docs/history.md).
+        self.history = HistoryMaintenance(self.engine, settings.history)
         self.workers: list[PeriodicWorker] = [
             self.keys.worker,
             self.limit_sync.worker,
@@ -110,9 +119,12 @@ class GatewayState:
             self.shipper.worker,
             self.stitcher,
             self.reward_linker.worker,
+            self.history.worker,
         ]
         if self.judge.enabled:
             self.workers.append(self.judge.worker)
+        if self.endpoint_discovery.enabled:
+            self.workers.append(self.endpoint_discovery.worker)
         # OpenTelemetry spans of calls and rewards (docs/tracing.md); None: not configured.
         self.tracer = make_tracer(settings)
         if self.tracer is not None:
@@ -123,6 +135,7 @@ class GatewayState:
         self.redactor = await self._redactor()
         self.journal.open()
         self.session = make_session()
+        await self.endpoint_discovery.start()
         await self.keys.start()
         await self.limit_sync.start()
         await self.versions.start()
@@ -130,6 +143,7 @@ class GatewayState:
         self.shipper.start()
         self.stitcher.start()
         self.reward_linker.start()
+        self.history.start()
         self.judge.start()
         if self.tracer is not None:
             self.tracer.start()
@@ -145,6 +159,8 @@ class GatewayState:
             self.shipper.stop,
             self.reward_linker.stop,
             self.stitcher.stop,
+            self.endpoint_discovery.stop,
+            self.history.stop,
             *([self.tracer.stop] if self.tracer is not None else []),
         ):
             log.info("shutdown: %s", step.__qualname__)

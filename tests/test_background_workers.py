@@ -28,6 +28,7 @@ WORKERS = {
     "trajectory-stitcher",
     "reward-linker",
     "limit-sync",  # per-key and per-tenant limit counts exchanged between processes
+    "history-maintenance",  # partitions of calls created ahead, retention (docs/history.md)
 }
 
 

@@ -110,6 +110,11 @@ trajectories = Table(
     ),
 )
 
+# Partitioned by RANGE on created_at (migration 0012, docs/history.md): one partition per day
+# or week, created ahead and dropped by retention (apprentice/store/history.py), and a DEFAULT
+# partition for rows outside every range and for the rows retention keeps. The primary key holds
+# the partition key: a journal line's created_at never changes between retries, so
+# ON CONFLICT (id, created_at) keeps ingestion exactly-once.
 calls = Table(
     "calls",
     metadata,
@@ -124,7 +129,7 @@ calls = Table(
     Column("upstream", Text),
     Column("upstream_model", Text),
     Column("adapter_version_id", UUID(as_uuid=True)),
-    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", DateTime(timezone=True), primary_key=True),
     Column("latency_ms", Double),
     Column("ttft_ms", Double),
     Column("status_code", Integer, nullable=False),
@@ -157,6 +162,7 @@ calls = Table(
     Index("ix_calls_policy_created", "policy", "created_at"),
     Index("ix_calls_continuation_key", "continuation_key"),
     Index("ix_calls_parent_key_pending", "parent_key", postgresql_where=text("stitch_pending")),
+    postgresql_partition_by="RANGE (created_at)",
 )
 
 # Secrets this installation generates for itself, shared by all its gateway processes

@@ -52,7 +52,7 @@ WITH key_flags AS MATERIALIZED (
            CASE WHEN jsonb_typeof(r->'native_request') = 'null' THEN NULL ELSE r->'native_request' END,
            CASE WHEN jsonb_typeof(r->'native_response') = 'null' THEN NULL ELSE r->'native_response' END
     FROM incoming_calls
-    ON CONFLICT (id) DO NOTHING
+    ON CONFLICT (id, created_at) DO NOTHING  -- the primary key (partitioned: migration 0012)
     RETURNING id, trajectory_id, tenant, model, policy, adapter_version_id, created_at
 ), per_trajectory AS (
     SELECT i.trajectory_id,

@@ -1,0 +1,308 @@
+"""Partitions of the `calls` table: created ahead of time, and dropped by retention.
+
+`calls` is partitioned by RANGE on created_at (migration 0012, docs/history.md). Two jobs keep
+it that way, run by every gateway process (gateway/history.py) and by `apprentice db history`:
+
+- **Creation.** Partitions exist `create_ahead_days` past now, so a shipped call never waits on
+  DDL. Each new partition starts where the last one ends (bounds stay contiguous even when the
+  interval setting changes). Rows that had landed in the DEFAULT partition inside the new range
+  (a clock far ahead) are moved into it first, or PostgreSQL would refuse the new range.
+- **Retention.** A partition whose whole range is older than `retention_days` is detached and
+  dropped, after the rows still needed are copied back into `calls`, where they land in the
+  DEFAULT partition (no range covers them any more). Kept: calls of trajectories rewarded but
+  not yet trained on, and calls of trajectories that trained the promoted and canary versions
+  and their ancestors (the serving lineage: what an audit or a rebuild of the adapter needs).
+  Old rows in the DEFAULT partition that are no longer needed are deleted row by row (it only
+  ever holds kept rows and strays, so it stays small).
+
+Several gateway processes run this at once: every transaction first takes one advisory lock
+without waiting and does nothing when another process holds it; DDL waits at most
+`lock_timeout_s` for its table lock (a long dashboard query then delays a pass, never the
+shipper for long), and a pass that gives up is simply run again by the next one. While a
+partition is detached the shipper's inserts wait; the journal holds the calls meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from apprentice.settings import HistorySettings
+
+log = logging.getLogger(__name__)
+
+HISTORY_LOCK_ID = 0x4150_4849  # pg advisory lock of the one process maintaining partitions
+PARENT = "calls"
+DEFAULT_PARTITION = "calls_default"
+_NAME = re.compile(r"^calls_p\d{8}(_\d{4})?$")
+
+_PARTITIONS = """
+SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) AS bound
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'calls'::regclass
+"""
+_BOUND = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
+
+# Trajectories whose calls retention keeps (see the module docstring). Runs of the serving
+# versions and of their ancestors; a trajectory is matched by its root id (calls move to the
+# root trajectory when stitched).
+_KEPT_TRAJECTORIES = """
+WITH RECURSIVE lineage AS (
+    SELECT v.id, v.parent_version_id, v.training_run_id FROM adapter_versions v
+    WHERE v.status IN ('promoted', 'canary')
+    UNION
+    SELECT p.id, p.parent_version_id, p.training_run_id
+    FROM adapter_versions p JOIN lineage l ON p.id = l.parent_version_id
+)
+SELECT t.id FROM trajectories t
+WHERE t.trained_in_run_id IN (SELECT training_run_id FROM lineage WHERE training_run_id IS NOT NULL)
+UNION
+SELECT t.id FROM trajectories t
+WHERE t.trained_in_run_id IS NULL AND t.merged_into IS NULL AND t.trainable
+  AND EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id AND r.status = 'linked'
+              AND r.superseded_at IS NULL)
+"""
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One range partition of `calls`: rows with lower <= created_at < upper."""
+
+    name: str
+    lower: datetime
+    upper: datetime
+
+
+@dataclass
+class MaintenanceReport:
+    """What one maintenance pass did (logged, exported as metrics, printed by the CLI)."""
+
+    created: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    rows_dropped: int = 0
+    rows_kept: int = 0
+    default_rows_deleted: int = 0
+    moved_from_default: int = 0
+    skipped: str | None = None  # why the pass did nothing (another process, a lock timeout)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "created": self.created,
+            "dropped": self.dropped,
+            "rows_dropped": self.rows_dropped,
+            "rows_kept": self.rows_kept,
+            "default_rows_deleted": self.default_rows_deleted,
+            "moved_from_default": self.moved_from_default,
+            "skipped": self.skipped,
+        }
+
+
+class AnotherMaintainer(Exception):
+    """Another process holds the maintenance lock: this pass leaves the work to it."""
+
+
+def interval_of(name: str) -> timedelta:
+    return timedelta(days=7) if name == "week" else timedelta(days=1)
+
+
+def partition_name(lower: datetime) -> str:
+    """calls_pYYYYMMDD, with _HHMM when a bound is not at midnight (never the case by default)."""
+    lower = lower.astimezone(timezone.utc)
+    suffix = "" if (lower.hour, lower.minute) == (0, 0) else f"_{lower:%H%M}"
+    return f"calls_p{lower:%Y%m%d}{suffix}"
+
+
+def planned(
+    existing: list[Partition], interval: timedelta, until: datetime, now: datetime
+) -> list[tuple[datetime, datetime]]:
+    """The ranges to create so that partitions reach `until`, each starting where the last ends.
+
+    With no partition at all (a table made by hand), the first starts at today's midnight UTC.
+    """
+    if existing:
+        lower = max(p.upper for p in existing)
+    else:
+        lower = now.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    ranges = []
+    while lower < until:
+        ranges.append((lower, lower + interval))
+        lower += interval
+    return ranges
+
+
+async def partitions(connection: psycopg.AsyncConnection[Any]) -> list[Partition]:
+    """The range partitions of `calls`, oldest first (the DEFAULT partition is not listed).
+
+    Read in a transaction of its own: left open, the maintenance transactions that follow would
+    become savepoints of it (their locks and temporary tables would outlive them)."""
+    async with connection.transaction(), connection.cursor() as cursor:
+        await cursor.execute(_PARTITIONS)
+        rows = await cursor.fetchall()
+    found = []
+    for name, bound in rows:
+        match = _BOUND.search(bound)
+        if match:
+            found.append(
+                Partition(name, datetime.fromisoformat(match.group(1)), datetime.fromisoformat(match.group(2)))
+            )
+    return sorted(found, key=lambda p: p.lower)
+
+
+async def _locked(cursor: psycopg.AsyncCursor[Any], settings: HistorySettings) -> None:
+    """Start a maintenance transaction: the one maintainer's lock, bounded waits for DDL locks."""
+    await cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", (HISTORY_LOCK_ID,))
+    row = await cursor.fetchone()
+    if not row or not row[0]:
+        raise AnotherMaintainer
+    await cursor.execute(
+        sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(settings.lock_timeout_s * 1000)}ms"))
+    )
+
+
+async def _create(cursor: psycopg.AsyncCursor[Any], lower: datetime, upper: datetime) -> int:
+    """Create one partition; rows already in DEFAULT inside its range are moved into it."""
+    name = sql.Identifier(partition_name(lower))
+    bounds = sql.SQL("FOR VALUES FROM ({}) TO ({})").format(sql.Literal(lower), sql.Literal(upper))
+    await cursor.execute(
+        "SELECT count(*) FROM calls_default WHERE created_at >= %s AND created_at < %s", (lower, upper)
+    )
+    row = await cursor.fetchone()
+    strays = int(row[0]) if row else 0
+    if strays == 0:
+        await cursor.execute(sql.SQL("CREATE TABLE {} PARTITION OF calls {}").format(name, bounds))
+        return 0
+    await cursor.execute(sql.SQL("CREATE TABLE {} (LIKE calls INCLUDING DEFAULTS INCLUDING CONSTRAINTS)").format(name))
+    await cursor.execute(
+        sql.SQL(
+            "WITH moved AS (DELETE FROM calls_default WHERE created_at >= {} AND created_at < {} RETURNING *) "
+            "INSERT INTO {} SELECT * FROM moved"
+        ).format(sql.Literal(lower), sql.Literal(upper), name)
+    )
+    await cursor.execute(sql.SQL("ALTER TABLE calls ATTACH PARTITION {} {}").format(name, bounds))
+    return strays
+
+
+async def create_ahead(
+    connection: psycopg.AsyncConnection[Any], settings: HistorySettings, now: datetime, report: MaintenanceReport
+) -> None:
+    """Create the partitions missing up to now + create_ahead_days, one transaction each."""
+    until = now + timedelta(days=settings.create_ahead_days)
+    interval = interval_of(settings.partition_interval)
+    for lower, upper in planned(await partitions(connection), interval, until, now):
+        async with connection.transaction():
+            async with connection.cursor() as cursor:
+                await _locked(cursor, settings)
+                # Another process may have made it between our listing and our lock.
+                await cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (partition_name(lower),))
+                row = await cursor.fetchone()
+                if row and row[0]:
+                    continue
+                report.moved_from_default += await _create(cursor, lower, upper)
+                report.created.append(partition_name(lower))
+                log.info("history: created partition %s [%s, %s)", partition_name(lower), lower, upper)
+
+
+async def _drop(cursor: psycopg.AsyncCursor[Any], partition: Partition) -> tuple[int, int]:
+    """Detach one partition, copy its kept rows back into calls (they land in DEFAULT), drop it.
+
+    Returns (rows dropped, rows kept)."""
+    name = sql.Identifier(partition.name)
+    # New rows for this range (a late journal) wait until the partition is gone, then land in DEFAULT.
+    await cursor.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(name))
+    await cursor.execute("CREATE TEMP TABLE IF NOT EXISTS kept_trajectories (id uuid PRIMARY KEY) ON COMMIT DROP")
+    await cursor.execute(f"INSERT INTO kept_trajectories {_KEPT_TRAJECTORIES} ON CONFLICT DO NOTHING")
+    await cursor.execute(
+        sql.SQL(
+            "CREATE TEMP TABLE kept_calls ON COMMIT DROP AS "
+            "SELECT c.* FROM {} c WHERE c.trajectory_id IN (SELECT id FROM kept_trajectories)"
+        ).format(name)
+    )
+    kept = cursor.rowcount
+    await cursor.execute(sql.SQL("SELECT count(*) FROM {}").format(name))
+    row = await cursor.fetchone()
+    total = int(row[0]) if row else 0
+    await cursor.execute(sql.SQL("ALTER TABLE calls DETACH PARTITION {}").format(name))
+    await cursor.execute("INSERT INTO calls SELECT * FROM kept_calls")
+    await cursor.execute(sql.SQL("DROP TABLE {}").format(name))
+    return total - kept, kept
+
+
+async def _purge_default(cursor: psycopg.AsyncCursor[Any], cutoff: datetime) -> int:
+    """Delete DEFAULT's rows older than the cutoff that nothing needs any more."""
+    await cursor.execute("CREATE TEMP TABLE IF NOT EXISTS kept_trajectories (id uuid PRIMARY KEY) ON COMMIT DROP")
+    await cursor.execute("TRUNCATE kept_trajectories")
+    await cursor.execute(f"INSERT INTO kept_trajectories {_KEPT_TRAJECTORIES} ON CONFLICT DO NOTHING")
+    await cursor.execute(
+        "DELETE FROM calls_default d WHERE d.created_at < %s "
+        "AND NOT EXISTS (SELECT 1 FROM kept_trajectories k WHERE k.id = d.trajectory_id)",
+        (cutoff,),
+    )
+    return cursor.rowcount
+
+
+async def apply_retention(
+    connection: psycopg.AsyncConnection[Any], settings: HistorySettings, now: datetime, report: MaintenanceReport
+) -> None:
+    """Drop every partition wholly older than retention_days (kept rows move to DEFAULT)."""
+    if settings.retention_days is None:
+        return
+    cutoff = now - timedelta(days=settings.retention_days)
+    for partition in await partitions(connection):
+        if partition.upper > cutoff:
+            break
+        if not _NAME.match(partition.name):
+            continue  # a partition an operator made by hand is left to the operator
+        async with connection.transaction():
+            async with connection.cursor() as cursor:
+                await _locked(cursor, settings)
+                await cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (partition.name,))
+                row = await cursor.fetchone()
+                if not row or not row[0]:
+                    continue  # dropped by another process since our listing
+                dropped, kept = await _drop(cursor, partition)
+        report.dropped.append(partition.name)
+        report.rows_dropped += dropped
+        report.rows_kept += kept
+        log.info(
+            "history: dropped partition %s [%s, %s): %d calls dropped, %d kept (untrained or serving lineage)",
+            partition.name,
+            partition.lower,
+            partition.upper,
+            dropped,
+            kept,
+        )
+    async with connection.transaction():
+        async with connection.cursor() as cursor:
+            await _locked(cursor, settings)
+            report.default_rows_deleted = await _purge_default(cursor, cutoff)
+    if report.default_rows_deleted:
+        log.info(
+            "history: deleted %d calls older than retention from %s", report.default_rows_deleted, DEFAULT_PARTITION
+        )
+
+
+async def maintain(
+    connection: psycopg.AsyncConnection[Any], settings: HistorySettings, now: datetime | None = None
+) -> MaintenanceReport:
+    """One pass: create partitions ahead, then apply retention. Safe to run from many processes.
+
+    A pass another process is already running, or whose DDL could not get its lock in time, ends
+    early with `skipped` set; the next pass picks up where it stopped.
+    """
+    now = now or datetime.now(timezone.utc)
+    report = MaintenanceReport()
+    try:
+        await create_ahead(connection, settings, now, report)
+        await apply_retention(connection, settings, now, report)
+    except AnotherMaintainer:
+        report.skipped = "another process is maintaining the partitions"
+    except psycopg.errors.LockNotAvailable as exc:
+        report.skipped = f"lock timeout: {exc.diag.message_primary}"
+        log.warning("history: maintenance stopped early, tried again next pass (%s)", report.skipped)
+    return report
