@@ -27,7 +27,16 @@ e.g. every 30 s; it is safe to run from several processes at once):
    keeps training and the canary keeps following it);
 3. the reconciler: serving versions missing at an endpoint (restarted server) are loaded
    again; retired and rejected versions past the grace period are unloaded;
-4. retention: files of old, never-promoted versions are deleted.
+4. the adapter store (`promotion.adapter_store`, `adapter_store`): every serving version is
+   published there for vLLM's filesystem LoRA resolver (again, if its copy went missing), and
+   the copies of versions that stopped serving are removed after the same grace;
+5. retention: files of old, never-promoted versions are deleted.
+
+With an adapter store, every action that makes a version serve publishes it there before any
+endpoint loads it, so a replica the promotion job never called (started later, or not in
+`endpoints`) finds it on first request. A process that cannot see the version's files (a
+gateway without the adapters volume, acting for an admin) leaves publishing to the promotion
+job's next tick.
 
 A paused policy (admin "pause") gets no automatic canary starts, moves or promotions; a
 significantly worse lineage is still rejected.
@@ -41,6 +50,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,8 +58,10 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from apprentice.discovery.directory import current_endpoints
 from apprentice.promotion import evaluation as ev
 from apprentice.promotion import lifecycle, loading, takeover
+from apprentice.promotion.adapter_store import AdapterStore, PublishError
 from apprentice.promotion.files import adapter_files_problem
 from apprentice.promotion.gates import FAIL, PASS, GateReport, evaluate_gates, json_number, with_files_check
 from apprentice.promotion.lifecycle import TransitionError, TransitionResult, VersionNotFound
@@ -58,7 +70,7 @@ from apprentice.promotion.provenance import Provenance, provenance
 from apprentice.promotion.retention import apply_retention
 from apprentice.promotion.rows import AdapterVersion, PolicyState, TrainingRun, Transition
 from apprentice.promotion.status import SERVING, VersionStatus
-from apprentice.settings import PolicySettings, Settings, resolve_secret
+from apprentice.settings import EndpointDiscoverySettings, PolicySettings, Settings, resolve_secret
 from apprentice.store.tables import adapter_transitions, training_runs
 
 log = logging.getLogger(__name__)
@@ -87,6 +99,7 @@ __all__ = [
     "reconcile",
     "reject",
     "rollback",
+    "sync_adapter_store",
     "run_promotion_tick",
     "set_paused",
     "version_detail",
@@ -144,13 +157,34 @@ def policy_settings(settings: Settings, name: str) -> PolicySettings:
 
 
 async def _load(
-    policy: PolicySettings, version: AdapterVersion, client: httpx.AsyncClient | None
+    settings: Settings, policy: PolicySettings, version: AdapterVersion, client: httpx.AsyncClient | None
 ) -> list[loading.EndpointOutcome]:
     if (deleted := lifecycle.files_deleted(version)) is not None:
         raise deleted
+    endpoints, unresolved = await current_endpoints(settings.endpoint_discovery, policy)
+    if not endpoints and unresolved:  # not the adapter's fault: the next tick retries, nothing is rejected
+        raise loading.LoadError(version.name, dict.fromkeys(unresolved, "the DNS name has not resolved to any address"))
+    await _publish(policy, version)
     return await loading.ensure_loaded(
-        policy.endpoints, version.name, version.path, api_key=resolve_secret(policy.api_key), client=client
+        endpoints, version.name, version.path, api_key=resolve_secret(policy.api_key), client=client
     )
+
+
+async def _publish(policy: PolicySettings, version: AdapterVersion) -> None:
+    """Publish `version` to the policy's adapter store, if it has one, before it serves.
+
+    A process that sees neither the version's files nor the store (a gateway acting for an
+    admin, without the adapters volume) skips: the promotion job publishes every serving
+    version missing from the store at its next tick (`sync_adapter_store`). Files that are
+    there but not whole raise PublishError: nothing corrupt is published or served."""
+    store = AdapterStore.for_policy(policy)
+    if store is None:
+        return
+    visible = await asyncio.to_thread(lambda: Path(version.path).exists() or store.root.exists())
+    if not visible:
+        log.info("promotion: %s not published from this process (no view of its files); left to the tick", version.name)
+        return
+    await asyncio.to_thread(store.publish, version.name, version.path, version.id)
 
 
 def _precheck(
@@ -251,7 +285,7 @@ async def _start_canary(
     }
 
     async def load(locked: AdapterVersion) -> list[loading.EndpointOutcome]:
-        return await _load(policy, locked, client)
+        return await _load(settings, policy, locked, client)
 
     result = await lifecycle.start_canary(
         engine,
@@ -279,7 +313,7 @@ async def _supersede_canary(
     policy = policy_settings(settings, version.policy)
 
     async def load(locked: AdapterVersion) -> list[loading.EndpointOutcome]:
-        return await _load(policy, locked, client)
+        return await _load(settings, policy, locked, client)
 
     result = await lifecycle.supersede_canary(engine, version.id, actor=actor, reason=reason, prepare=load)
     return ActionResult(result, result.prepared or [])
@@ -304,7 +338,7 @@ async def _promote(
         gates = await _require_gates(engine, settings, version, force=force, hint=" (promote with force to override)")
 
     async def load(locked: AdapterVersion) -> list[loading.EndpointOutcome]:
-        return await _load(policy, locked, client)
+        return await _load(settings, policy, locked, client)
 
     result = await lifecycle.promote(
         engine, version.id, actor=actor, reason=reason, from_statuses=from_statuses, prepare=load
@@ -607,7 +641,15 @@ class _PolicyPass:
     async def run(self) -> None:
         await self.gate_lineage()
         await self.judge_canary()
-        await reconcile(self.engine, self.policy, report=self.report, client=self.client, now=self.now)
+        await reconcile(
+            self.engine,
+            self.policy,
+            report=self.report,
+            client=self.client,
+            now=self.now,
+            discovery=self.settings.endpoint_discovery,
+        )
+        await sync_adapter_store(self.engine, self.policy, report=self.report, now=self.now)
         await self.apply_retention()
 
     # 1. gates on the lineage as it grows, and the canary follows its newest passing version
@@ -786,27 +828,21 @@ async def reconcile(
     report: TickReport | None = None,
     client: httpx.AsyncClient | None = None,
     now: datetime | None = None,
+    discovery: EndpointDiscoverySettings | None = None,
 ) -> TickReport:
-    """Load serving versions where an endpoint lost them; unload the others (retired, rejected,
-    superseded canaries) after the grace. `now` is on the database's clock (`database_now`):
-    the grace is measured from transitions the database time-stamped."""
+    """Load serving versions where an endpoint lost them (a restarted server, or a new replica
+    a DNS entry resolves to now); unload the others (retired, rejected, superseded canaries)
+    after the grace. `now` is on the database's clock (`database_now`): the grace is measured
+    from transitions the database time-stamped. `discovery`: how DNS entries are resolved."""
     report = report or TickReport()
-    if not policy.endpoints:
+    endpoints, unresolved = await current_endpoints(discovery or EndpointDiscoverySettings(), policy)
+    report.errors.extend(f"{policy.name}: endpoint {name} has not resolved to any address" for name in unresolved)
+    if not endpoints:
         return report
     now = now or await database_now(engine)
     api_key = resolve_secret(policy.api_key)
-    async with engine.connect() as connection:
-        # every status: a canary the lineage moved past is a candidate again, loaded until the grace ends
-        versions = await lifecycle.versions_of(connection, policy.name, tuple(VersionStatus))
-        last = {
-            row[0]: row[1]
-            for row in await connection.execute(
-                select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
-                .where(adapter_transitions.c.policy == policy.name)
-                .group_by(adapter_transitions.c.adapter_version_id)
-            )
-        }
-    loaded = await loading.loaded_at(policy.endpoints, api_key=api_key, client=client)
+    versions, last = await _versions_and_last_changes(engine, policy.name)
+    loaded = await loading.loaded_at(endpoints, api_key=api_key, client=client)
     for endpoint, models in loaded.items():
         if isinstance(models, str):
             report.errors.append(f"{policy.name}: {endpoint} did not list its models: {models}")
@@ -819,10 +855,81 @@ async def reconcile(
                 except loading.LoadError as exc:
                     report.errors.append(f"{policy.name}: {exc}")
             elif not version.status.serving and version.name in models:
-                changed_at = last.get(version.id) or version.updated_at
-                if (now - changed_at).total_seconds() >= policy.promotion.unload_grace_s:
+                if _past_grace(policy, version, last, now):
                     await _unload_unless_serving(engine, policy, version, endpoint, api_key, client, report)
     return report
+
+
+async def _versions_and_last_changes(
+    engine: AsyncEngine, policy: str
+) -> tuple[list[AdapterVersion], dict[uuid.UUID, datetime]]:
+    """Every version of the policy (every status: a canary the lineage moved past is a candidate
+    again, still served until the grace ends) and when each last changed status."""
+    async with engine.connect() as connection:
+        versions = await lifecycle.versions_of(connection, policy, tuple(VersionStatus))
+        last = {
+            row[0]: row[1]
+            for row in await connection.execute(
+                select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
+                .where(adapter_transitions.c.policy == policy)
+                .group_by(adapter_transitions.c.adapter_version_id)
+            )
+        }
+    return versions, last
+
+
+def _past_grace(
+    policy: PolicySettings, version: AdapterVersion, last: dict[uuid.UUID, datetime], now: datetime
+) -> bool:
+    """Whether a version that stopped serving did so at least `unload_grace_s` ago."""
+    changed_at = last.get(version.id) or version.updated_at
+    return (now - changed_at).total_seconds() >= policy.promotion.unload_grace_s
+
+
+async def sync_adapter_store(
+    engine: AsyncEngine, policy: PolicySettings, *, report: TickReport | None = None, now: datetime | None = None
+) -> TickReport:
+    """Make the policy's adapter store hold exactly what serves (plus what is in its grace).
+
+    Serving versions missing from the store (published by a process without the files, a
+    wiped volume, a store configured after they started serving) are published; versions that
+    stopped serving are removed `unload_grace_s` after their last transition, as the endpoints
+    unload them; temporary directories a killed publisher left are swept. `now` is on the
+    database's clock (`database_now`)."""
+    report = report or TickReport()
+    store = AdapterStore.for_policy(policy)
+    if store is None:
+        return report
+    now = now or await database_now(engine)
+    versions, last = await _versions_and_last_changes(engine, policy.name)
+    for version in versions:
+        try:
+            if version.status.serving:
+                outcome = await asyncio.to_thread(store.publish, version.name, version.path, version.id)
+                if outcome != "present":
+                    report.add(policy.name, version.name, "published", f"{store.location(version.name)} ({outcome})")
+            elif await asyncio.to_thread(store.holds, version.name) and _past_grace(policy, version, last, now):
+                await _unpublish_unless_serving(engine, store, version, report)
+        except PublishError as exc:
+            report.errors.append(f"{policy.name}: {exc}")
+    for leftover in await asyncio.to_thread(store.sweep):
+        report.add(policy.name, None, "store_swept", str(leftover))
+    return report
+
+
+async def _unpublish_unless_serving(
+    engine: AsyncEngine, store: AdapterStore, version: AdapterVersion, report: TickReport
+) -> None:
+    """Remove a version's published copy under the policy lock, after re-reading its status: a
+    rollback that publishes it again waits for the lock and then publishes it anew."""
+    async with engine.begin() as connection:
+        await lifecycle.lock_policy(connection, version.policy)
+        current = await lifecycle.get_version(connection, version.id)
+        if current.status.serving:
+            return
+        if await asyncio.to_thread(store.remove, version.name):
+            where = f"{store.location(version.name)} ({current.status})"
+            report.add(version.policy, version.name, "unpublished", where)
 
 
 async def _unload_unless_serving(
