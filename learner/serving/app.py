@@ -137,8 +137,13 @@ def create_server_state(
     max_model_len: int | None = None,
     default_max_tokens: int | None = 1024,
     threads: int | None = None,
+    lora_resolver_dir: str | None = None,
 ) -> ServerState:
     """Load the model and wire engine, adapter registry and handlers together.
+
+    Adapters a request names that are not loaded are looked up in `lora_resolver_dir`, and in
+    vLLM's `VLLM_LORA_RESOLVER_CACHE_DIR` when the environment turns vLLM's filesystem resolver
+    on (`resolver.py`); both are checked before the model loads, as vLLM does at start.
 
     On CPU, torch gets `threads` threads (default: half the cores). With as many threads as
     cores, torch's thread pool collapses as soon as anything else runs (the gateway, the
@@ -147,7 +152,11 @@ def create_server_state(
     import torch
 
     from learner.models import load_base_model, pick_device, resolve_model_path
+    from learner.serving.resolver import FilesystemResolver, resolver_from_environment
 
+    resolvers = [FilesystemResolver(lora_resolver_dir)] if lora_resolver_dir else []
+    if (from_environment := resolver_from_environment()) is not None:
+        resolvers.append(from_environment)
     if pick_device(device).type == "cpu":
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) // 2))
     path = resolve_model_path(model)
@@ -158,6 +167,14 @@ def create_server_state(
     engine = GenerationEngine(
         lora, loaded.tokenizer, pick_device(device), max_batch_size=max_batch_size, max_model_len=max_len
     )
-    models = OpenAIServingModels(engine, lora, served_model_name or str(model or path), str(path), max_len)
+    models = OpenAIServingModels(
+        engine,
+        lora,
+        served_model_name or str(model or path),
+        str(path),
+        max_len,
+        model=str(model or path),
+        resolvers=resolvers,
+    )
     chat = OpenAIServingChat(engine, models, loaded.tokenizer, max_len, default_max_tokens=default_max_tokens)
     return ServerState(engine=engine, models=models, chat=chat)

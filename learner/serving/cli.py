@@ -78,6 +78,14 @@ def _parse_lora_modules(values: tuple[str, ...]) -> list[tuple[str, str]]:
     help="torch threads on CPU (default: half the cores, leaving room for the gateway and learner).",
 )
 @click.option("--lora-modules", multiple=True, metavar="NAME=PATH", help="Adapters to load at start (repeatable).")
+@click.option(
+    "--lora-resolver-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Serve <dir>/<model>/ on the first request for an unknown model, as vLLM's filesystem LoRA resolver "
+    "(also on with VLLM_LORA_RESOLVER_CACHE_DIR, VLLM_PLUGINS and VLLM_ALLOW_RUNTIME_LORA_UPDATING, as vLLM "
+    "reads them).",
+)
 @click.option("--api-key", envvar="VLLM_API_KEY", default=None, help="Require 'Authorization: Bearer KEY' on /v1.")
 @click.option("--log-level", default="info", show_default=True)
 def serve_model_command(
@@ -93,6 +101,7 @@ def serve_model_command(
     default_max_tokens: int,
     threads: int | None,
     lora_modules: tuple[str, ...],
+    lora_resolver_dir: str | None,
     api_key: str | None,
     log_level: str,
 ) -> None:
@@ -113,11 +122,14 @@ def serve_model_command(
         max_model_len=max_model_len,
         default_max_tokens=default_max_tokens,
         threads=threads,
+        lora_resolver_dir=lora_resolver_dir,
     )
     for name, path in pairs:
         state.models.lora.load(name, path)  # the engine thread has not started: safe to call directly
     click.echo(
         f"serving {state.models.base_name} on http://{host}:{port}/v1 "
-        f"({state.engine.device}, adapters: {sorted(state.models.lora.adapters) or 'none'})"
+        f"({state.engine.device}, adapters: {sorted(state.models.lora.adapters) or 'none'}"
+        + "".join(f", resolving from {r.cache_dir}" for r in state.models.resolvers)
+        + ")"
     )
     uvicorn.run(build_app(state, api_key=api_key), host=host, port=port, log_level=log_level.lower())

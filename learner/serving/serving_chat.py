@@ -118,7 +118,7 @@ class OpenAIServingChat:
     async def create_chat_completion(
         self, request: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[str]:
-        adapter = self.models.resolve(request.model)
+        adapter = await self.models.check_model(request.model)
         model_name = request.model or self.models.base_name
         prompt_ids = self.render(request)
         params = self.sampling_params(request, len(prompt_ids))
