@@ -106,10 +106,14 @@ WHERE {_UNTRAINED}
 LIMIT %(limit)s
 """
 
+# calls is partitioned by created_at (migration 0012): the bound from the trajectories' first
+# calls (first_call_at is the minimum of their calls' created_at, merges included) lets
+# PostgreSQL skip the partitions older than the run's trajectories at execution.
 _CALLS = """
 SELECT c.trajectory_id::text AS trajectory_id, c.status_code, c.upstream_model, c.adapter_version_id::text AS version,
        c.temperature, c.request, c.response
 FROM calls c WHERE c.trajectory_id = ANY(%(ids)s::uuid[])
+  AND c.created_at >= (SELECT min(t.first_call_at) FROM trajectories t WHERE t.id = ANY(%(ids)s::uuid[]))
 ORDER BY c.trajectory_id, c.created_at, c.id
 """
 
