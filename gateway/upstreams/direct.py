@@ -50,6 +50,8 @@ def attempt_order(targets: Sequence[UpstreamTarget], primary_count: int, num_ret
     if num_retries == 0 and primary_count == len(targets):
         return list(targets)  # the common case: each deployment once
     primary = list(targets[:primary_count]) or list(targets)
+    if not primary:  # a policy whose DNS names have not resolved yet, and no fallback
+        return []
     tries = [primary[i % len(primary)] for i in range(max(1 + num_retries, len(primary)))]
     return tries + list(targets[primary_count:])
 

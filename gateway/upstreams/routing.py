@@ -7,6 +7,11 @@ A policy that names a teacher (docs/distillation.md) is served by the teacher's 
 while none of its versions is promoted (`teacher_plan`; the handler decides per call, since
 the canary's share still goes to the policy's endpoints); after takeover the teacher follows
 the policy's own endpoints as a fallback when `teacher.fallback` is set.
+
+A policy's endpoints may include DNS names (apprentice/discovery): its targets are rebuilt from
+the directory's last resolved addresses by `update_endpoints`, which the gateway's discovery
+worker calls after each refresh; `plan` only reads the current list. A policy whose names never
+resolved (and that has no fixed endpoint) has no target: its calls get a 503 naming it.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from apprentice.discovery.directory import EndpointDirectory
+from apprentice.discovery.entries import dns_names
 from apprentice.settings import ModelEntry, PolicySettings, Settings, resolve_secret
+from gateway.http.errors import GatewayError
 
 WILDCARD = "*"
 
@@ -64,6 +72,19 @@ class UnknownModel(LookupError):
     pass
 
 
+class EndpointsUnresolved(GatewayError):
+    """A policy whose endpoints are DNS names none of which has resolved yet: no target."""
+
+    def __init__(self, policy: str, names: list[str]) -> None:
+        super().__init__(
+            503,
+            f"The model `{policy}` has no inference endpoint yet: its endpoint name(s) "
+            f"{', '.join(names) or '(none)'} have not resolved to any address. Retry shortly.",
+            code="policy_endpoints_unresolved",
+        )
+        self.policy = policy
+
+
 def _target_from_entry(entry: ModelEntry, default_timeout: float) -> UpstreamTarget:
     params = entry.litellm_params
     return UpstreamTarget(
@@ -80,7 +101,7 @@ def _target_from_entry(entry: ModelEntry, default_timeout: float) -> UpstreamTar
     )
 
 
-def _targets_from_policy(policy: PolicySettings) -> list[UpstreamTarget]:
+def _targets_from_policy(policy: PolicySettings, endpoints: list[str]) -> list[UpstreamTarget]:
     api_key = resolve_secret(policy.api_key)
     return [
         UpstreamTarget(
@@ -91,15 +112,19 @@ def _targets_from_policy(policy: PolicySettings) -> list[UpstreamTarget]:
             api_key=api_key,
             timeout=policy.timeout,
         )
-        for endpoint in policy.endpoints
+        for endpoint in endpoints
     ]
 
 
 class Router:
     """Resolved once at start; `plan` is called on every request and only rotates lists."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, directory: EndpointDirectory | None = None) -> None:
         self.settings = settings
+        # The policies with DNS entries, whose targets follow the directory (`update_endpoints`).
+        self.directory = directory or EndpointDirectory(settings.endpoint_discovery)
+        self.dynamic_policies = [policy for policy in settings.policies if dns_names(policy.endpoints)]
+        self._generation = self.directory.generation
         timeout = settings.router_settings.timeout
         self._deployments: dict[str, list[UpstreamTarget]] = {}
         for entry in settings.model_list:
@@ -107,7 +132,7 @@ class Router:
         self._policies = {policy.name: policy for policy in settings.policies}
         for policy in settings.policies:
             if policy.endpoints:
-                self._deployments[policy.name] = _targets_from_policy(policy)
+                self._deployments[policy.name] = _targets_from_policy(policy, self.directory.endpoints(policy))
         # A teacher's deployments marked as such, built once: `plan` appends them as the policy's
         # last fallback in their fixed order, and only `teacher_plan` rotates them, so a call the
         # teacher serves advances the rotation once (building the plan advanced it twice, and with
@@ -122,13 +147,32 @@ class Router:
         default = settings.default_upstream or (settings.model_list[0].model_name if settings.model_list else None)
         self.default_target = self._deployments[default][0] if default else None
 
+    def update_endpoints(self) -> dict[str, list[str]]:
+        """Rebuild the targets of policies with DNS entries from the directory; returns the
+        endpoints of each policy whose set changed. A new list replaces the old in one
+        assignment, so a `plan` in progress keeps the list it read."""
+        if self.directory.generation == self._generation:
+            return {}
+        self._generation = self.directory.generation
+        changed: dict[str, list[str]] = {}
+        for policy in self.dynamic_policies:
+            endpoints = self.directory.endpoints(policy)
+            if endpoints != [target.api_base for target in self._deployments[policy.name]]:
+                self._deployments[policy.name] = _targets_from_policy(policy, endpoints)
+                changed[policy.name] = endpoints
+        return changed
+
+    def endpoints_of(self, policy: str) -> list[str]:
+        """The base URLs a policy's calls go to now."""
+        return [target.api_base for target in self._deployments.get(policy, [])]
+
     @property
     def model_names(self) -> list[str]:
         return [name for name in self._deployments if name != WILDCARD]
 
     def _rotated(self, name: str) -> list[UpstreamTarget]:
         targets = self._deployments[name]
-        if len(targets) == 1:
+        if len(targets) <= 1:
             return list(targets)
         start = next(self._cursors[name]) % len(targets)
         return targets[start:] + targets[:start]
@@ -150,10 +194,12 @@ class Router:
             return RoutePlan(model=model, policy=None, targets=targets, primary_count=len(targets))
         targets = self._rotated(model)
         primary_count = len(targets)
+        policy = self._policies.get(model)
+        if not targets and policy is not None and policy.teacher is None:
+            raise EndpointsUnresolved(policy.name, self.directory.unresolved(policy))
         for fallback in self.settings.router_settings.fallbacks_for(model):
             if fallback in self._deployments:
                 targets.extend(self._rotated(fallback))
-        policy = self._policies.get(model)
         if policy is not None and policy.teacher is not None and policy.teacher.fallback:
             targets.extend(self._teacher_deployments[policy.teacher.model])
         return RoutePlan(model=model, policy=policy, targets=targets, primary_count=primary_count)
@@ -179,5 +225,8 @@ class Router:
     def target_for_other_endpoint(self, model: str | None) -> UpstreamTarget | None:
         """Embeddings and the like: the deployment of that model name, else the default."""
         if model and model in self._deployments:
-            return self._rotated(model)[0]
+            targets = self._rotated(model)
+            if not targets:
+                raise EndpointsUnresolved(model, self.directory.unresolved(self._policies[model]))
+            return targets[0]
         return self.default_target
