@@ -18,6 +18,7 @@ per-request cost is a fraction of httpx's: the client shares the machine's cores
 
     python -m bench.reward_ingest           # about a minute; writes docs/benchmarks.md
     python -m bench.reward_ingest --quick   # smoke run, writes nothing
+    python -m bench.reward_ingest --no-write  # full sizes, prints only
 
 Run from the repository root: the gateway and the fake upstream are started by the tests' helpers.
 
@@ -277,6 +278,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, one round, writes nothing")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-write", action="store_true", help="print the figures, leave docs/benchmarks.md alone")
     args = parser.parse_args()
     sizes = (
         {"single": 300, "batches": 20, "pending": 1000, "late_trajectories": 20, "trajectories": 50}
@@ -376,7 +378,7 @@ def main() -> None:
         ]
     )
     print(body)
-    if not args.quick:
+    if not (args.quick or args.no_write):
         write_section(SECTION_TITLE, body)
 
 

@@ -5,7 +5,9 @@ superseded_at NULL) when it is the latest of its trajectory and name, where "lat
 greatest (observed_at, seq) among the rows that are themselves the latest of their
 idempotency key. That is a pure function of the set of rows, so the outcome does not depend
 on the order in which duplicates, replays and late rewards arrive: `_RECOMPUTE` re-derives
-superseded_at for the trajectories and keys a transaction touched.
+superseded_at for the trajectories and keys a transaction touched, and `_INSERT_CURRENT`
+derives the same in the insert itself when the transaction's keys are all new (the common
+case: one reward per run, each under its own key).
 
 Concurrency: writers take transaction-scoped advisory locks, first on the idempotency keys
 of their batch, then (when they add pending rewards under a bound) on their tenants, then on
@@ -88,6 +90,52 @@ FROM jsonb_to_recordset(%(rows)s::jsonb) AS i(
     idempotency_key text, content_hash text, source text, api_key_id uuid, observed_at float8, judgement_id uuid)
 ORDER BY i.ord
 ON CONFLICT (tenant, idempotency_key, content_hash) WHERE idempotency_key IS NOT NULL DO NOTHING
+"""
+
+# The common case in one statement: every fresh reward's idempotency key is absent, or new (no
+# row stored under it, used once in the group). Such rows cannot change which row is the latest
+# of any other key, so the only rows whose superseded_at can change are each touched slot's
+# current row and the new rows: the latest of them by (observed_at, seq) stays current, the
+# others are superseded, exactly what `_RECOMPUTE` would derive. New rows take seq values after
+# every stored row, in group order, so among them "later" is (observed_at, ord), and a tie with
+# the current row goes to the new row. No ON CONFLICT: under the keys' locks a new key cannot
+# have been stored meanwhile, and if it had, failing the group beats a wrong current reward.
+# The rows to supersede are found by their ids (`= ANY`): as a join, the planner scanned the table.
+_INSERT_CURRENT = """
+WITH i AS (
+    SELECT i.*, coalesce(to_timestamp(i.observed_at), now()) AS observed
+    FROM jsonb_to_recordset(%(rows)s::jsonb) AS i(
+        ord int, id uuid, tenant text, target_kind text, target text, target_trajectory_id uuid, target_call text,
+        trajectory_id uuid, name text, value float8, metrics jsonb, comment text, group_id text,
+        idempotency_key text, content_hash text, source text, api_key_id uuid, observed_at float8, judgement_id uuid)
+), cur AS (
+    SELECT c.id, c.trajectory_id, c.name, c.observed_at
+    FROM (SELECT DISTINCT trajectory_id, name FROM i WHERE trajectory_id IS NOT NULL) s
+    CROSS JOIN LATERAL (SELECT r.id, r.trajectory_id, r.name, r.observed_at FROM rewards r
+                        WHERE r.trajectory_id = s.trajectory_id AND r.name = s.name AND r.status = 'linked'
+                          AND r.superseded_at IS NULL OFFSET 0) c
+), ins AS (
+    INSERT INTO rewards (id, tenant, target_kind, target, target_trajectory_id, target_call, trajectory_id, status,
+                         linked_at, name, value, metrics, comment, group_id, idempotency_key, content_hash, source,
+                         api_key_id, observed_at, judgement_id, superseded_at)
+    SELECT i.id, i.tenant, i.target_kind, i.target, i.target_trajectory_id, i.target_call, i.trajectory_id,
+           CASE WHEN i.trajectory_id IS NULL THEN 'pending' ELSE 'linked' END,
+           CASE WHEN i.trajectory_id IS NULL THEN NULL ELSE now() END,
+           i.name, i.value, coalesce(i.metrics, '{}'::jsonb), i.comment, i.group_id, i.idempotency_key,
+           decode(i.content_hash, 'hex'), i.source, i.api_key_id, i.observed, i.judgement_id,
+           CASE WHEN i.trajectory_id IS NOT NULL AND (
+               EXISTS (SELECT 1 FROM i l WHERE l.trajectory_id = i.trajectory_id AND l.name = i.name
+                       AND (l.observed, l.ord) > (i.observed, i.ord))
+               OR EXISTS (SELECT 1 FROM cur c WHERE c.trajectory_id = i.trajectory_id AND c.name = i.name
+                          AND c.observed_at > i.observed)) THEN now() END
+    FROM i
+    ORDER BY i.ord
+    RETURNING 1
+)
+UPDATE rewards u SET superseded_at = now()
+WHERE u.id = ANY(ARRAY(SELECT c.id FROM cur c
+                       WHERE EXISTS (SELECT 1 FROM i WHERE i.trajectory_id = c.trajectory_id AND i.name = c.name
+                                     AND i.observed >= c.observed_at)))
 """
 
 # Re-derive superseded_at for the rewards of some trajectories ({trajectories}: a query of
@@ -451,6 +499,7 @@ async def ingest_group(
         signed = await _use_signatures(cursor, requests, refused)
         await _lock(cursor, {lock_key(b"k", tenant, key) for tenant, key in keyed})
         existing, key_trajectories = await _stored_under_keys(cursor, keyed)
+        stored_keys = {(tenant, key) for tenant, key, _ in existing}
         candidates = [
             (i, j)
             for i, request in enumerate(requests)
@@ -483,7 +532,7 @@ async def ingest_group(
             if released:  # a refused delivery can be retried with the same signature
                 await cursor.execute("DELETE FROM reward_signatures WHERE signature = ANY(%s::bytea[])", (released,))
             if fresh_rewards:
-                await _insert(cursor, requests, hashes, fresh_rewards, resolved, key_trajectories)
+                await _insert(cursor, requests, hashes, fresh_rewards, resolved, key_trajectories, stored_keys)
             stored = await _read_rewards(cursor, {reward_id for _, ids, _ in accepted for reward_id in ids.values()})
         answers: dict[int, Outcome] = dict(refused)
         for i, answer_ids, fresh in accepted:
@@ -621,25 +670,36 @@ async def _insert(
     fresh: list[tuple[int, int]],
     resolved: dict[tuple[int, int], Resolved],
     key_trajectories: set[uuid.UUID],
+    stored_keys: set[tuple[str, str]],
 ) -> None:
     """Insert the fresh rewards (in group order) and bring the current rewards and groups of every
-    trajectory they touch up to date."""
+    trajectory they touch up to date: in one statement when no key of theirs was stored before
+    (`_INSERT_CURRENT`), else by re-deriving the slots and keys they touch (`_RECOMPUTE`).
+    `stored_keys` are the (tenant, key)s that had rows before this transaction."""
     trajectories = {t for position in fresh if (t := resolved[position][0]) is not None}
     await _lock(cursor, {lock_key(b"t", t) for t in trajectories | key_trajectories})
     rows = [
         _insert_row(ord_, requests[i].rewards[j], hashes[i][j], resolved[(i, j)][0])
         for ord_, (i, j) in enumerate(fresh)
     ]
-    await cursor.execute(_INSERT, {"rows": orjson.dumps(rows).decode()})
-    new_keys = sorted(
-        {(r.tenant, r.idempotency_key) for r in (requests[i].rewards[j] for i, j in fresh) if r.idempotency_key}
-    )
-    await cursor.execute(
-        _RECOMPUTE_GIVEN,
-        {"trajectories": list(trajectories), "tenants": [t for t, _ in new_keys], "keys": [k for _, k in new_keys]},
-    )
+    new_keys = [(r.tenant, r.idempotency_key) for r in (requests[i].rewards[j] for i, j in fresh) if r.idempotency_key]
+    if not key_trajectories and len(set(new_keys)) == len(new_keys) and stored_keys.isdisjoint(new_keys):
+        await cursor.execute(_INSERT_CURRENT, {"rows": orjson.dumps(rows).decode()})
+    else:
+        await cursor.execute(_INSERT, {"rows": orjson.dumps(rows).decode()})
+        await _recompute(cursor, trajectories, sorted(set(new_keys)))
     if trajectories and any(requests[i].rewards[j].group_id for i, j in fresh):
         await cursor.execute(_GROUPS_GIVEN, {"trajectories": list(trajectories)})
+
+
+async def _recompute(
+    cursor: psycopg.AsyncCursor[dict[str, Any]], trajectories: set[uuid.UUID], keys: list[tuple[str, str]]
+) -> None:
+    """Re-derive superseded_at for the rewards of these trajectories and keys (`_RECOMPUTE`)."""
+    await cursor.execute(
+        _RECOMPUTE_GIVEN,
+        {"trajectories": list(trajectories), "tenants": [t for t, _ in keys], "keys": [k for _, k in keys]},
+    )
 
 
 def _insert_row(position: int, reward: NewReward, hash_: str, trajectory_id: uuid.UUID | None) -> dict[str, Any]:
@@ -706,9 +766,8 @@ async def link_pending_rewards(
             )
         await cursor.execute(_LINK, {"links": orjson.dumps(links).decode()})
         linked = cursor.rowcount
-        params = {"trajectories": list(roots), "tenants": [], "keys": []}
-        await cursor.execute(_RECOMPUTE_GIVEN, params)
-        await cursor.execute(_GROUPS_GIVEN, params)
+        await _recompute(cursor, roots, [])
+        await cursor.execute(_GROUPS_GIVEN, {"trajectories": list(roots)})
         return linked
 
     return await _retrying(engine, work)
