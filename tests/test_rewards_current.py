@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 import psycopg
 import pytest
@@ -90,7 +90,7 @@ def _expected_current(db: psycopg.Connection) -> dict[tuple[uuid.UUID, str], uui
 def test_insert_and_recompute_derive_the_same_current_rewards(db: psycopg.Connection, database_url: str, seed: int):
     rng = random.Random(seed)
     trajectories = [uuid.uuid4() for _ in range(TRAJECTORIES)]
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     for trajectory in trajectories:
         db.execute(
             "INSERT INTO trajectories (id, tenant, model, first_call_at, last_call_at) "
