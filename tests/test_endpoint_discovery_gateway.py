@@ -83,8 +83,10 @@ def upstreams(tmp_path: Path) -> Iterator[dict[str, HostUpstream]]:
             process.wait_ready(30.0)
         yield started
     finally:
+        for process in started.values():  # all at once: each takes a moment to stop
+            process.terminate()
         for process in started.values():
-            process.stop()
+            process.wait_stopped(time.monotonic() + 30)
 
 
 def chat(gateway: Any, model: str, text: str = "hello") -> httpx.Response:
@@ -114,7 +116,7 @@ def discovery_error(gateway: Any) -> str:
     )
 
 
-def test_calls_follow_the_dns_name_as_its_records_change(start_gateway, dns, upstreams, tmp_path):
+def test_calls_follow_the_dns_name_as_its_records_change(upstreams, dns, start_gateway):
     port = next(iter(upstreams.values())).port
     dns.records.set(NAME, ["127.0.0.2", "127.0.0.3"])
     gateway = start_gateway(
