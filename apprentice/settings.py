@@ -119,6 +119,25 @@ class ModelEntry(BaseModel):
         return NATIVE_PROTOCOLS_BY_PROVIDER.get(self.litellm_params.provider, frozenset())
 
 
+class AdapterStoreS3Settings(BaseModel):
+    """The adapter store's second target: an S3-compatible bucket that replicas without the
+    shared volume mirror with `apprentice adapter-store sync`. Credentials come from boto3's
+    own chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile, a pod or instance role)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str  # s3://bucket/prefix
+    endpoint_url: str | None = None  # an S3-compatible server (MinIO, Ceph RGW...); None: AWS
+    region: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _s3_url(cls, value: str) -> str:
+        if not value.startswith("s3://") or len(value.rstrip("/")) <= len("s3://"):
+            raise ValueError(f"expected s3://bucket[/prefix], got {value!r}")
+        return value
+
+
 class AdapterStoreSettings(BaseModel):
     """A shared adapter store: the directory vLLM's filesystem LoRA resolver reads.
 
@@ -137,6 +156,8 @@ class AdapterStoreSettings(BaseModel):
     # inference servers were started with (a hub name or their local directory, not the
     # --served-model-name). None: the policy's base_model.
     base_model: str | None = None
+    # Also upload every published copy to object storage (the `s3` extra); None: the directory only.
+    s3: AdapterStoreS3Settings | None = None
 
 
 class PromotionSettings(BaseModel):
@@ -199,6 +220,44 @@ class RouterSettings(BaseModel):
 # vLLM accepts only these LoRA ranks (`--max-lora-rank`); a learner must produce one of them.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 ALL_LINEAR_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class KubernetesJobSettings(BaseModel):
+    """The batch/v1 Job the `kubernetes` launcher creates per training run (learner/jobs/kubernetes.py).
+
+    The pod runs `torchrun --nproc-per-node <learning.processes> -m learner.jobs.one_run` with
+    the config at `config_path` (mount it, e.g. from a ConfigMap, with `volumes` and
+    `volume_mounts`, beside the shared adapters directory and the model cache).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str
+    namespace: str = "default"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    service_account: str | None = None
+    config_path: str = "/etc/apprentice/config.yaml"
+    # The container's resources; without an nvidia.com/gpu limit, one GPU per process is asked for.
+    resources: dict[str, Any] = Field(default_factory=dict)
+    gpus: bool = True  # False: CPU-only pods (gloo), no nvidia.com/gpu limit added
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    env_from: list[dict[str, Any]] = Field(default_factory=list)
+    volumes: list[dict[str, Any]] = Field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    # A memory-backed /dev/shm of this size (NCCL and DataLoader workers need more than 64 MiB); None: none.
+    shm_size: str | None = "16Gi"
+    # Finished Jobs are deleted by Kubernetes after this long (the launcher also deletes the ones it waited for).
+    ttl_seconds_after_finished: int = Field(default=3600, ge=0)
+    active_deadline_s: int | None = Field(default=None, ge=1)
+    poll_s: float = Field(default=5.0, gt=0)
+    # The API server: in a pod, the in-cluster service account (KUBERNETES_SERVICE_HOST, its token and
+    # CA); else `kubeconfig` (default $KUBECONFIG, then ~/.kube/config) and its `context`.
+    api_url: str | None = None
+    kubeconfig: Path | None = None
+    context: str | None = None
 
 
 class LearningSettings(BaseModel):
@@ -281,6 +340,26 @@ class LearningSettings(BaseModel):
     # torch intra-op threads for training. None: half the cores (at least 1), the other half
     # being the local inference server's (`apprentice serve-model` takes half by default).
     threads: int | None = Field(default=None, ge=1)
+    # How the scheduler starts a run (docs/learner.md, "Several GPUs"): "in_process" (in the learner
+    # process, the model kept between runs), "torchrun" (a child `torchrun --nproc-per-node
+    # <processes>` on this machine) or "kubernetes" (a batch/v1 Job per run, see `kubernetes`).
+    launcher: Literal["in_process", "torchrun", "kubernetes"] = "in_process"
+    # Processes (one per GPU) of a torchrun or kubernetes run.
+    processes: int = Field(default=1, ge=1)
+    # Under torchrun: "ddp" (each GPU holds the model) or "fsdp" (FSDP2: weights sharded over the GPUs,
+    # for models that do not fit one).
+    distributed: Literal["ddp", "fsdp"] = "ddp"
+    # Bounds every collective of a multi-process run: a rank that dies makes the others fail after this.
+    distributed_timeout_s: float = Field(default=1800.0, gt=0)
+    # Extra torchrun arguments (e.g. ["--nnodes", "2", "--rdzv-endpoint", "host:29400"]).
+    torchrun_args: list[str] = Field(default_factory=list)
+    kubernetes: KubernetesJobSettings | None = None
+
+    @model_validator(mode="after")
+    def _launcher_needs(self) -> LearningSettings:
+        if self.launcher == "kubernetes" and self.kubernetes is None:
+            raise ValueError("launcher 'kubernetes' needs a `kubernetes` section (at least its image)")
+        return self
 
     @field_validator("lora_rank")
     @classmethod

@@ -105,16 +105,26 @@ def check_vllm_format(path: str | os.PathLike[str]) -> dict[str, Any]:
     return config
 
 
-def save_adapter(model: Any, out_dir: str | os.PathLike[str], base_model_name: str) -> Path:
-    """Save the trainable adapter to `out_dir` (which must not exist) atomically; return it."""
+def save_adapter(
+    model: Any, out_dir: str | os.PathLike[str], base_model_name: str, state_dict: dict[str, Any] | None = None
+) -> Path:
+    """Save the trainable adapter to `out_dir` (which must not exist) atomically; return it.
+
+    `state_dict`: the weights to save instead of the model's own, by the peft model's parameter
+    names (a sharded FSDP model holds only shards; rank 0 saves the gathered whole weights)."""
     out = Path(out_dir)
     if out.exists():
         raise FileExistsError(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f"{TMP_PREFIX}{out.name}-{uuid.uuid4().hex[:8]}"
     try:
+        extra = {} if state_dict is None else {"state_dict": state_dict}
         model.save_pretrained(
-            str(tmp), selected_adapters=[TRAINABLE_ADAPTER], save_embedding_layers=False, safe_serialization=True
+            str(tmp),
+            selected_adapters=[TRAINABLE_ADAPTER],
+            save_embedding_layers=False,
+            safe_serialization=True,
+            **extra,
         )
         config = read_config(tmp)
         # The name clients know the base by, not the local cache directory it was loaded from.

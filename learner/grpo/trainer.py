@@ -470,12 +470,32 @@ class GRPOTrainer:
         positions = torch.cat([r.positions for r in rows]).to(self.device)
         temperatures = torch.cat([torch.full((r.size,), r.temperature) for r in rows]).to(self.device)
         targets = input_ids[batch_index, positions]
-        if self._full_forward:
-            logits = self.model(input_ids=input_ids).logits[batch_index, positions - 1]
-        else:
-            hidden = self._decoder(input_ids=input_ids).last_hidden_state
-            logits = self._head(hidden[batch_index, positions - 1])
-        return token_logprobs(logits, targets, temperatures)
+        return token_logprobs(self._logits(input_ids, batch_index, positions), targets, temperatures)
+
+    def _logits(self, input_ids: torch.Tensor, batch_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The logits that predict each loss token (at position - 1); a distributed trainer routes
+        this through its DDP or FSDP wrapper (learner/distributed/wrapping.py)."""
+        return loss_position_logits(
+            self.model, self._decoder, self._head, self._full_forward, input_ids, batch_index, positions
+        )
+
+
+def loss_position_logits(
+    model: Any,
+    decoder: Any,
+    head: Any,
+    full_forward: bool,
+    input_ids: torch.Tensor,
+    batch_index: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Logits at the positions that predict loss tokens: the decoder's hidden states gathered there
+    before the vocabulary projection (see the module docstring), or the full forward for heads that
+    do more than project."""
+    if full_forward:
+        return model(input_ids=input_ids).logits[batch_index, positions - 1]
+    hidden = decoder(input_ids=input_ids).last_hidden_state
+    return head(hidden[batch_index, positions - 1])
 
 
 # ---------------------------------------------------------------------- bookkeeping beside the training loop

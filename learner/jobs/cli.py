@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
+from typing import Any
 
 import click
 
@@ -18,16 +20,39 @@ from apprentice.commands.common import config_option, load, setup_logging
 @config_option
 @click.option("--policy", "policy", required=True, help="The policy to train.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@click.option("--trigger", default="cli", show_default=True, help="Recorded as the run's trigger.")
+@click.option(
+    "--run-id",
+    default=None,
+    help="The id of the run's training_runs row (a launcher sets it to find the row afterwards).",
+)
 @click.option("--log-level", default="info", show_default=True)
-def learn_command(config_path: str | None, policy: str, progress: bool, log_level: str) -> None:
-    """Run the learner for one policy once: GRPO on its rewarded trajectories -> a candidate adapter."""
-    from learner.jobs.run import run_once
+def learn_command(
+    config_path: str | None, policy: str, progress: bool, trigger: str, run_id: str | None, log_level: str
+) -> None:
+    """Run the learner for one policy once: a candidate adapter from its rewarded trajectories (GRPO),
+    or from its teacher's answers while it is behind one. Under torchrun, every process runs this
+    command and they train together (docs/learner.md, "Several GPUs")."""
+    from learner.jobs.one_run import run_in_group
 
     setup_logging(log_level)
     settings = load(config_path)
     if settings.policy(policy) is None:
         raise click.ClickException(f"no policy named {policy!r} in the configuration")
-    outcome = run_once(settings, policy, trigger="cli", progress=progress)
+    if run_id is not None:
+        try:
+            run_id = str(uuid.UUID(run_id))
+        except ValueError:
+            raise click.ClickException(f"--run-id {run_id!r} is not a UUID") from None
+    outcome, code = run_in_group(settings, policy, trigger=trigger, progress=progress, run_id=run_id)
+    if outcome is not None:  # rank 0 (or the only process) reports
+        click.echo(json.dumps(_summary(outcome), indent=2, default=str))
+    if code:
+        raise SystemExit(code)
+
+
+def _summary(outcome: Any) -> dict[str, Any]:
+    """What `apprentice learn` prints: the outcome and the training's main figures."""
     summary = {
         "status": outcome.status,
         "policy": outcome.policy,
@@ -40,11 +65,10 @@ def learn_command(config_path: str | None, policy: str, progress: bool, log_leve
     for key in ("optimizer_steps", "samples", "loss", "kl", "clip_fraction", "loss_tokens", "duration_s"):
         if key in train:
             summary[key] = train[key]
-    if "groups" in outcome.metrics:
-        summary["groups"] = outcome.metrics["groups"]
-    click.echo(json.dumps(summary, indent=2, default=str))
-    if outcome.status in ("failed", "aborted"):
-        raise SystemExit(1)
+    for key in ("groups", "ranks"):
+        if key in outcome.metrics:
+            summary[key] = outcome.metrics[key]
+    return summary
 
 
 @click.command("learner")

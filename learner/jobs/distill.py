@@ -180,8 +180,10 @@ def run_distillation(
     trigger: str = "manual",
     database_url: str | None = None,
     trainer: PolicyTrainer | None = None,
+    run_id: str | None = None,
 ) -> RunOutcome:
-    """One distillation run for `policy_name` (see the module docstring). Never raises for a failed run."""
+    """One distillation run for `policy_name` (see the module docstring). Never raises for a failed run.
+    `run_id`: the id of the run's row, when the launcher that started this process chose it."""
     policy = settings.policy(policy_name)
     if policy is None:
         raise ValueError(f"no policy named {policy_name!r} in the configuration")
@@ -192,7 +194,9 @@ def run_distillation(
     trainer = trainer or PolicyTrainer(policy)
     url = learner_database_url(settings, database_url)
     return with_policy_lock(
-        url, policy.name, lambda connection: _locked_distillation(connection, settings, policy, trainer, trigger)
+        url,
+        policy.name,
+        lambda connection: _locked_distillation(connection, settings, policy, trainer, trigger, run_id),
     )
 
 
@@ -202,6 +206,7 @@ def _locked_distillation(
     policy: PolicySettings,
     trainer: PolicyTrainer,
     trigger: str,
+    run_id: str | None = None,
 ) -> RunOutcome:
     assert policy.teacher is not None
     teacher = policy.teacher
@@ -212,7 +217,7 @@ def _locked_distillation(
         "teacher": teacher.model_dump(mode="json"),
         "learning": policy.learning.model_dump(mode="json"),
     }
-    run_id = _start_run(connection, policy, trigger, config, kind="sft")
+    run_id = _start_run(connection, policy, trigger, config, kind="sft", run_id=run_id)
     directory = adapters_dir(settings, policy)
     metrics: dict[str, Any] = {}
     try:
@@ -273,9 +278,15 @@ def _train_and_record(
         max_seq_len=learning.max_seq_len,
         seed=learning.seed,
     )
+    adapter_state = None
     with trainer.attempt():
         torch.manual_seed(learning.seed)
-        result = train_sft(trainer.model, trainer.optimizer, segments, config, trainer.tokenizer.pad_token_id or 0)
+        if trainer.distributed is None:
+            result = train_sft(trainer.model, trainer.optimizer, segments, config, trainer.tokenizer.pad_token_id or 0)
+        else:
+            result, adapter_state = _train_sft_ranks(trainer, head, segments, config)
+            metrics["ranks"] = trainer.distributed.world_size
+            metrics["distributed"] = trainer.distributed.strategy
         metrics["train"] = result.as_metrics()
         metrics["optimizer_steps_total"] = trainer.optimizer_steps()
         if result.optimizer_steps == 0:
@@ -298,8 +309,28 @@ def _train_and_record(
             "from_version_id": str(head.id) if head else None,
         }
         return _save_and_record(
-            connection, policy, trainer, run_id, trained_ids, columns, head, directory, metrics, started
+            connection, policy, trainer, run_id, trained_ids, columns, head, directory, metrics, started, adapter_state
         )
+
+
+def _train_sft_ranks(trainer: PolicyTrainer, head: Any, segments: list[Any], config: Any) -> tuple[Any, Any]:
+    """Rank 0 of a torchrun group: hand the other ranks the segments, train its own share with them."""
+    from learner.distributed.sft import train_sft_distributed
+    from learner.grpo.trainer import NonFiniteLoss
+    from learner.jobs.ranks import TrainingJob, send_training, training_returned
+
+    context = trainer.distributed
+    assert context is not None
+    send_training(context, TrainingJob("sft", head, segments=segments, sft_config=config))
+    try:
+        outcome = train_sft_distributed(
+            trainer.model, trainer.optimizer, segments, config, trainer.tokenizer.pad_token_id or 0, context
+        )
+    except NonFiniteLoss:  # raised on every rank at the same step
+        training_returned(context)
+        raise
+    training_returned(context)
+    return outcome
 
 
 def _save_and_record(
@@ -313,8 +344,10 @@ def _save_and_record(
     directory: Any,
     metrics: dict[str, Any],
     started: float,
+    adapter_state: dict[str, Any] | None = None,
 ) -> RunOutcome:
-    """Save the adapter as the next version and commit the candidate with the run's end (as run.py)."""
+    """Save the adapter as the next version and commit the candidate with the run's end (as run.py);
+    `adapter_state`: the gathered weights when the model holds FSDP shards."""
     import json
 
     from learner.grpo.adapters import save_adapter
@@ -324,7 +357,7 @@ def _save_and_record(
     out_dir = directory / name
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    save_adapter(trainer.model, out_dir, policy.base_model)
+    save_adapter(trainer.model, out_dir, policy.base_model, state_dict=adapter_state)
     adapter_config = json.loads((out_dir / "adapter_config.json").read_text())
     candidate = lifecycle.NewCandidate(
         id=uuid.uuid4(),

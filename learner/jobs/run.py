@@ -137,8 +137,10 @@ def _start_run(
     trigger: str,
     config: dict[str, Any],
     kind: str = "rl",
+    run_id: str | None = None,
 ) -> str:
-    run_id = str(uuid.uuid4())
+    """Write the run's row (status running); `run_id`: the id a launcher chose, to find the row after."""
+    run_id = run_id or str(uuid.uuid4())
     with connection.transaction():
         connection.execute(
             "UPDATE training_runs SET status = 'failed', finished_at = now(), "
@@ -272,11 +274,14 @@ def run_once(
     progress: bool = False,
     database_url: str | None = None,
     trainer: PolicyTrainer | None = None,
+    run_id: str | None = None,
 ) -> RunOutcome:
     """One learner run for `policy_name` (see the module docstring). Never raises for a failed run.
 
     `trainer`: the policy's long-lived trainer (the scheduler keeps one per policy); without one
-    the run loads the model itself and its state is dropped at the end.
+    the run loads the model itself and its state is dropped at the end. A trainer with a
+    `distributed` context is rank 0 of a torchrun group (learner/jobs/ranks.py). `run_id`: the
+    id of the run's row, when the launcher that started this process chose it.
     """
     policy = settings.policy(policy_name)
     if policy is None:
@@ -288,7 +293,9 @@ def run_once(
         return RunOutcome("disabled", policy.name)
     url = learner_database_url(settings, database_url)
     return with_policy_lock(
-        url, policy.name, lambda connection: _locked_run(connection, settings, policy, trainer, trigger, progress)
+        url,
+        policy.name,
+        lambda connection: _locked_run(connection, settings, policy, trainer, trigger, progress, run_id),
     )
 
 
@@ -364,6 +371,8 @@ class RunContext:
     progress: bool
     started: float  # time.monotonic() when the run began
     metrics: dict[str, Any]  # training_runs.metrics, filled as the run goes
+    # The trained LoRA weights gathered whole, when the model holds shards (FSDP); else None.
+    adapter_state: dict[str, Any] | None = None
 
     @property
     def head(self) -> AdapterVersion | None:
@@ -395,11 +404,12 @@ def _locked_run(
     trainer: PolicyTrainer,
     trigger: str,
     progress: bool,
+    run_id: str | None = None,
 ) -> RunOutcome:
     learning = policy.learning
     started = time.monotonic()
     config = {"policy": policy.name, "base_model": policy.base_model, "learning": learning.model_dump(mode="json")}
-    run_id = _start_run(connection, policy, trigger, config)
+    run_id = _start_run(connection, policy, trigger, config, run_id=run_id)
     directory = adapters_dir(settings, policy)
     metrics: dict[str, Any] = {}
     try:
@@ -471,6 +481,9 @@ def _train_and_record(run: RunContext) -> RunOutcome:
             "adapter_loaded": trainer.adapter_loads > loads[1],
         }
     )
+    if trainer.distributed is not None:
+        run.metrics["ranks"] = trainer.distributed.world_size
+        run.metrics["distributed"] = trainer.distributed.strategy
     with trainer.attempt():
         torch.manual_seed(learning.seed)
         result = _train(run, samples, head, fresh=head is None)
@@ -485,6 +498,9 @@ def _train_and_record(run: RunContext) -> RunOutcome:
 def _train(run: RunContext, samples: list[TrainSample], head: AdapterVersion | None, *, fresh: bool) -> TrainResult:
     from learner.grpo.trainer import GRPOTrainer, TrainerConfig
 
+    distributed = run.trainer.distributed
+    if distributed is not None:
+        return _train_distributed(run, samples, head, fresh=fresh)
     trainer = GRPOTrainer(
         run.trainer.model,
         TrainerConfig.from_settings(run.policy.learning),
@@ -496,11 +512,49 @@ def _train(run: RunContext, samples: list[TrainSample], head: AdapterVersion | N
         optimizer=run.trainer.optimizer,
     )
     result = trainer.train(samples)
+    _record_train_metrics(run, result)
+    return result
+
+
+def _train_distributed(
+    run: RunContext, samples: list[TrainSample], head: AdapterVersion | None, *, fresh: bool
+) -> TrainResult:
+    """Rank 0 of a torchrun group: hand the other ranks the job, train its own share with them."""
+    from learner.distributed.grpo import DistributedGRPOTrainer
+    from learner.grpo.trainer import NonFiniteLoss, TrainerConfig
+    from learner.jobs.ranks import TrainingJob, send_training, training_returned
+
+    distributed = run.trainer.distributed
+    assert distributed is not None
+    version_paths = run.selection.version_paths()
+    send_training(distributed, TrainingJob("rl", head, samples=samples, version_paths=version_paths))
+    trainer = DistributedGRPOTrainer(
+        run.trainer.model,
+        TrainerConfig.from_settings(run.policy.learning),
+        distributed=distributed,
+        start_version=str(head.id) if head else None,
+        version_paths=version_paths,
+        fresh=fresh,
+        pad_token_id=run.trainer.tokenizer.pad_token_id or 0,
+        progress=run.progress,
+        optimizer=run.trainer.optimizer,
+    )
+    try:
+        result = trainer.train(samples)
+    except NonFiniteLoss:  # every rank raised it at the same step: they wait for a message again
+        training_returned(distributed)
+        raise
+    training_returned(distributed)
+    run.adapter_state = trainer.adapter_state
+    _record_train_metrics(run, result)
+    return result
+
+
+def _record_train_metrics(run: RunContext, result: TrainResult) -> None:
     run.metrics["train"] = result.as_metrics()
     # read by the promotion gates (apprentice.promotion.gates.kl_of): drift from the version this
     # run started from, the lineage head (its parent)
     run.metrics["kl_to_incumbent"] = result.kl_to_start
-    return result
 
 
 def _result_columns(
@@ -541,7 +595,7 @@ def _save_and_record(
     out_dir = run.directory / name
     if out_dir.exists():  # an orphan of a killed run (version rows always get a fresh number)
         shutil.rmtree(out_dir)
-    save_adapter(run.trainer.model, out_dir, policy.base_model)
+    save_adapter(run.trainer.model, out_dir, policy.base_model, state_dict=run.adapter_state)
     config = json.loads((out_dir / "adapter_config.json").read_text())
     candidate = lifecycle.NewCandidate(
         id=uuid.uuid4(),

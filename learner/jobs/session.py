@@ -31,10 +31,13 @@ import copy
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apprentice.promotion.rows import AdapterVersion
 from apprentice.settings import LearningSettings, PolicySettings
+
+if TYPE_CHECKING:
+    from learner.distributed.context import DistributedContext
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +55,10 @@ class PolicyTrainer:
     scheduler runs one training at a time on a machine).
     """
 
-    def __init__(self, policy: PolicySettings) -> None:
+    def __init__(self, policy: PolicySettings, distributed: DistributedContext | None = None) -> None:
         self.policy = policy
+        # This process's rank in a torchrun group (learner/jobs/ranks.py); None: one process.
+        self.distributed = distributed
         self.base: Any = None  # the base model, loaded once (the peft model wraps it in place)
         self.tokenizer: Any = None
         self.model: Any = None  # the PeftModel whose `default` adapter is the lineage's LoRA
@@ -73,7 +78,9 @@ class PolicyTrainer:
             from learner.models import load_base_model
 
             learning = self.policy.learning
-            device = None if learning.device == "auto" else learning.device
+            device: Any = None if learning.device == "auto" else learning.device
+            if self.distributed is not None:  # each rank on its own GPU (or the CPU under gloo)
+                device = self.distributed.device(learning.device)
             dtype = None if learning.dtype == "auto" else learning.dtype
             self.base, self.tokenizer = load_base_model(self.policy.base_model, device=device, dtype=dtype)
             self.base_loads += 1

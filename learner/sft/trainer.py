@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +62,7 @@ class SFTResult:
         }
 
 
-def _batch(segments: Sequence[Segment], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(segments: Sequence[Segment], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids and the matching 0/1 mask of the loss positions (no attention mask: under
     causal attention no real token sees the padding after it)."""
     length = max(len(s.input_ids) for s in segments)
@@ -77,8 +77,13 @@ def _batch(segments: Sequence[Segment], pad_token_id: int, device: torch.device)
 def _token_loss_sum(model: Any, segments: Sequence[Segment], pad_token_id: int) -> tuple[torch.Tensor, int]:
     """Sum of -log p(token) over the loss positions of `segments`, and how many there are."""
     device = next(model.parameters()).device
-    ids, mask = _batch(segments, pad_token_id, device)
-    logits = model(input_ids=ids).logits[:, :-1].float()
+    ids, mask = batch(segments, pad_token_id, device)
+    return token_loss_sum(model(input_ids=ids).logits, ids, mask)
+
+
+def token_loss_sum(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Sum of -log p(token) over the loss positions (`mask`) of a batch, from its logits."""
+    logits = logits[:, :-1].float()
     targets = ids[:, 1:]
     positions = mask[:, 1:]
     picked = logits[positions]
@@ -86,10 +91,40 @@ def _token_loss_sum(model: Any, segments: Sequence[Segment], pad_token_id: int) 
     return loss, int(positions.sum())
 
 
+# (one optimizer step's segments, the step's loss tokens, the step's number) -> the step's summed
+# cross-entropy, its gradient accumulated (divided by the step's loss tokens).
+StepBackward = Callable[[Sequence[Segment], int, int], float]
+
+
+def local_step_backward(model: Any, micro_batch_size: int, pad_token_id: int) -> StepBackward:
+    """One process's step: its micro-batches one after the other; a NaN loss raises before its backward."""
+
+    def step_backward(step: Sequence[Segment], step_tokens: int, number: int) -> float:
+        step_sum = 0.0
+        for micro_start in range(0, len(step), micro_batch_size):
+            micro = step[micro_start : micro_start + micro_batch_size]
+            loss_sum, _ = _token_loss_sum(model, micro, pad_token_id)
+            if not torch.isfinite(loss_sum):
+                raise NonFiniteLoss(f"SFT loss is {float(loss_sum)} at step {number}")
+            (loss_sum / step_tokens).backward()
+            step_sum += float(loss_sum.detach())
+        return step_sum
+
+    return step_backward
+
+
 def train_sft(
-    model: Any, optimizer: torch.optim.Optimizer, segments: Sequence[Segment], config: SFTConfig, pad_token_id: int
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    segments: Sequence[Segment],
+    config: SFTConfig,
+    pad_token_id: int,
+    step_backward: StepBackward | None = None,
 ) -> SFTResult:
-    """Fine-tune `model` (its trainable parameters: the LoRA) on `segments`; see the module docstring."""
+    """Fine-tune `model` (its trainable parameters: the LoRA) on `segments`; see the module docstring.
+
+    `step_backward`: how a step's gradient is accumulated; by default this process alone
+    (`local_step_backward`), on several ranks learner/distributed/sft.py's."""
     result = SFTResult()
     kept = [s for s in segments if len(s.input_ids) <= config.max_seq_len and s.loss_tokens > 0]
     result.dropped_too_long = len(segments) - len(kept)
@@ -98,6 +133,7 @@ def train_sft(
     if not kept:
         return result
     params = [p for p in model.parameters() if p.requires_grad]
+    backward = step_backward or local_step_backward(model, config.micro_batch_size, pad_token_id)
     saved_lr = [group["lr"] for group in optimizer.param_groups]
     for group in optimizer.param_groups:
         group["lr"] = config.lr
@@ -114,17 +150,10 @@ def train_sft(
                 step = order[start : start + per_step]
                 step_tokens = sum(s.loss_tokens for s in step)
                 optimizer.zero_grad(set_to_none=True)
-                step_sum = 0.0
-                for micro_start in range(0, len(step), config.micro_batch_size):
-                    micro = step[micro_start : micro_start + config.micro_batch_size]
-                    loss_sum, _ = _token_loss_sum(model, micro, pad_token_id)
-                    if not torch.isfinite(loss_sum):
-                        raise NonFiniteLoss(f"SFT loss is {float(loss_sum)} at step {result.optimizer_steps + 1}")
-                    (loss_sum / step_tokens).backward()
-                    step_sum += float(loss_sum.detach())
-                norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-                if not math.isfinite(float(norm)):
-                    raise NonFiniteLoss(f"SFT gradient norm is {float(norm)} at step {result.optimizer_steps + 1}")
+                step_sum = backward(step, step_tokens, result.optimizer_steps + 1)
+                norm = _norm(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
+                if not math.isfinite(norm):
+                    raise NonFiniteLoss(f"SFT gradient norm is {norm} at step {result.optimizer_steps + 1}")
                 optimizer.step()
                 result.optimizer_steps += 1
                 step_loss = step_sum / step_tokens
@@ -140,3 +169,9 @@ def train_sft(
         for group, lr in zip(optimizer.param_groups, saved_lr, strict=True):
             group["lr"] = lr
     return result
+
+
+def _norm(total: torch.Tensor) -> float:
+    """clip_grad_norm_'s total norm as a float (a DTensor when the model is sharded by FSDP)."""
+    full = total.full_tensor() if hasattr(total, "full_tensor") else total
+    return float(full)
