@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -23,16 +22,9 @@ from apprentice.settings import EndpointDiscoverySettings, PolicySettings, Setti
 from gateway.upstreams.direct import attempt_order
 from gateway.upstreams.discovery import EndpointDiscovery, EndpointLookupFailed
 from gateway.upstreams.routing import EndpointsUnresolved, Router
-from tests.support.dns_server import TestDnsServer
+from tests.support.dns_server import TestDnsServer, dns_fixture  # noqa: F401 (the fixture `dns`)
 
 NAME = "vllm.apprentice.test"
-
-
-@pytest.fixture
-def dns() -> Iterator[TestDnsServer]:
-    server = TestDnsServer().start()
-    yield server
-    server.stop()
 
 
 def discovery(dns: TestDnsServer, **overrides: Any) -> EndpointDiscoverySettings:

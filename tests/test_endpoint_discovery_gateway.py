@@ -11,7 +11,6 @@ the policy; a mixed list serves its fixed entry beside the name's addresses.
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -21,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from apprentice.processes import ManagedProcess, free_port
+from apprentice.processes import ManagedProcess
 from tests.conftest import wait_for
-from tests.support.dns_server import TestDnsServer
+from tests.support.dns_server import dns_fixture, port_free_on  # noqa: F401 (the fixture `dns`)
 from tests.support.processes import REPO_ROOT
 
 NAME = "vllm.apprentice.test"
@@ -51,30 +50,9 @@ class HostUpstream(ManagedProcess):
         httpx.delete(f"http://{self.host}:{self.port}/_requests", timeout=10)
 
 
-def port_free_on_every_host() -> int:
-    """One port that no process listens on at any of HOSTS (the endpoints share the entry's port)."""
-    for _ in range(20):
-        port = free_port(HOSTS[0])
-        try:
-            for host in HOSTS[1:]:
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                    sock.bind((host, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no port free on all of {HOSTS}")
-
-
-@pytest.fixture
-def dns() -> Iterator[TestDnsServer]:
-    server = TestDnsServer().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def upstreams(tmp_path: Path) -> Iterator[dict[str, HostUpstream]]:
-    port = port_free_on_every_host()
+    port = port_free_on(HOSTS)
     started = {host: HostUpstream(tmp_path, host, port) for host in HOSTS}
     for process in started.values():
         process.start()

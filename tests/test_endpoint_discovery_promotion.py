@@ -11,22 +11,18 @@ candidate is not rejected for it.
 from __future__ import annotations
 
 import asyncio
-import socket
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
-from apprentice.processes import ManagedProcess, free_port
+from apprentice.processes import ManagedProcess
 from apprentice.promotion import service
 from apprentice.settings import Settings
 from apprentice.store.engine import make_async_engine
-from tests.support.dns_server import TestDnsServer
-from tests.support.processes import REPO_ROOT
+from tests.support.dns_server import TestDnsServer, dns_fixture, port_free_on  # noqa: F401 (the fixture `dns`)
+from tests.support.processes import ModelServerProcess
 from tests.test_promotion_cycle import add_candidate, status_of, tiny  # noqa: F401 (tiny: a fixture)
 
 POLICY = "grown"
@@ -35,67 +31,17 @@ HOSTS = ["127.0.0.2", "127.0.0.3"]
 REFRESH_S = 0.2
 
 
-class HostModelServer(ManagedProcess):
+class HostModelServer(ModelServerProcess):
     """`apprentice serve-model` on the tiny model, bound to one loopback address."""
 
     def __init__(self, workdir: Path, model_dir: Path, host: str, port: int) -> None:
-        self.host, self.port = host, port
         super().__init__(
-            f"local inference server {host}",
-            [
-                sys.executable,
-                "-m",
-                "apprentice.cli",
-                "serve-model",
-                "--model",
-                str(model_dir),
-                "--served-model-name",
-                "tiny",
-                "--host",
-                host,
-                "--port",
-                str(port),
-                "--max-lora-rank",
-                "8",
-                "--threads",
-                "1",
-                "--default-max-tokens",
-                "4",
-                "--log-level",
-                "warning",
-            ],
-            workdir / f"serve-model-{host}-{port}.log",
-            cwd=REPO_ROOT,
-            ready_url=f"http://{host}:{port}/health",
+            workdir, model_dir, "tiny", "--threads", "1", "--default-max-tokens", "4", host=host, port=port
         )
-
-    @property
-    def api_base(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
 
     def adapters(self) -> set[str]:
         data = httpx.get(f"{self.api_base}/models", timeout=30).json()["data"]
         return {card["id"] for card in data if card["id"].startswith(f"{POLICY}-")}
-
-
-def shared_port() -> int:
-    for _ in range(20):
-        port = free_port(HOSTS[0])
-        try:
-            for host in HOSTS[1:]:
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                    sock.bind((host, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no port free on all of {HOSTS}")
-
-
-@pytest.fixture
-def dns() -> Iterator[TestDnsServer]:
-    server = TestDnsServer().start()
-    yield server
-    server.stop()
 
 
 def settings_for(database_url: str, dns: TestDnsServer, endpoint: str) -> Settings:
@@ -140,14 +86,14 @@ def test_a_name_that_never_resolved_makes_the_job_wait_not_reject(db, database_u
 
 
 def test_the_job_loads_the_promoted_adapter_where_the_name_points(db, database_url, dns, tiny, tmp_path):  # noqa: F811
-    port = shared_port()
+    port = port_free_on(HOSTS)
     servers = {host: HostModelServer(tmp_path, tiny.base, host, port) for host in HOSTS}
     first, second = servers.values()
-    first.start()
-    second.start()  # started now, named in the records only later (both start in parallel)
+    for server in servers.values():  # both start in parallel; the second is named in the records later
+        ManagedProcess.start(server)
     try:
-        first.wait_ready(180)
-        second.wait_ready(180)
+        for server in servers.values():
+            server.wait_ready(180)
         dns.records.set(NAME, [first.host])
         settings = settings_for(database_url, dns, f"dns+http://{NAME}:{port}/v1")
 

@@ -3,16 +3,25 @@
 Its A/AAAA records are a dict the test changes while the server runs (a Kubernetes headless
 service gaining and losing ready pods). `failing = True` answers SERVFAIL to everything (a DNS
 outage); a name it does not hold gets NXDOMAIN (no ready pod). Every query is counted.
+
+The replicas a name points to listen on other loopback addresses (127.0.0.2, 127.0.0.3, ...:
+all of 127.0.0.0/8 is loopback on Linux) at one port, the port of the `dns+http://` entry:
+`port_free_on` finds one.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from dnslib import AAAA, QTYPE, RCODE, RR, A
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
+
+from apprentice.processes import free_port
 
 
 class Records(BaseResolver):  # type: ignore[misc]
@@ -85,3 +94,25 @@ class TestDnsServer:
 
 def _quiet(_: str) -> None:
     return None
+
+
+@pytest.fixture(name="dns")
+def dns_fixture() -> Iterator[TestDnsServer]:
+    """The fixture `dns`: a running TestDnsServer, stopped after the test (import `dns_fixture`)."""
+    server = TestDnsServer().start()
+    yield server
+    server.stop()
+
+
+def port_free_on(hosts: list[str]) -> int:
+    """One TCP port that nothing listens on at any of `hosts` (loopback addresses)."""
+    for _ in range(20):
+        port = free_port(hosts[0])
+        try:
+            for host in hosts[1:]:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind((host, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no port free on all of {hosts}")

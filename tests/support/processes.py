@@ -100,9 +100,17 @@ class ModelServerProcess(ManagedProcess):
     """`apprentice serve-model` (the local inference server) on a free port."""
 
     def __init__(
-        self, workdir: Path, model_dir: Path, served_name: str, *extra_args: str, start_timeout: float = 180.0
+        self,
+        workdir: Path,
+        model_dir: Path,
+        served_name: str,
+        *extra_args: str,
+        start_timeout: float = 180.0,
+        host: str = "127.0.0.1",
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        self.host = host
+        self.port = port or free_port(host)
         self.start_timeout = start_timeout
         super().__init__(
             "local inference server",
@@ -115,6 +123,8 @@ class ModelServerProcess(ManagedProcess):
                 str(model_dir),
                 "--served-model-name",
                 served_name,
+                "--host",
+                host,
                 "--port",
                 str(self.port),
                 "--max-lora-rank",
@@ -123,14 +133,14 @@ class ModelServerProcess(ManagedProcess):
                 "warning",
                 *extra_args,
             ],
-            workdir / f"serve-model-{self.port}.log",
+            workdir / f"serve-model-{host}-{self.port}.log",
             cwd=REPO_ROOT,
-            ready_url=f"http://127.0.0.1:{self.port}/health",
+            ready_url=f"http://{host}:{self.port}/health",
         )
 
     @property
     def api_base(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     def start(self) -> None:
         super().start()
