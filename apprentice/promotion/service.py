@@ -66,6 +66,7 @@ from apprentice.promotion.files import adapter_files_problem
 from apprentice.promotion.gates import FAIL, PASS, GateReport, evaluate_gates, json_number, with_files_check
 from apprentice.promotion.lifecycle import TransitionError, TransitionResult, VersionNotFound
 from apprentice.promotion.lineage import lineage_head, lineage_versions, promoted_version
+from apprentice.promotion.object_store import ObjectStore
 from apprentice.promotion.provenance import Provenance, provenance
 from apprentice.promotion.retention import apply_retention
 from apprentice.promotion.rows import AdapterVersion, PolicyState, TrainingRun, Transition
@@ -185,6 +186,8 @@ async def _publish(policy: PolicySettings, version: AdapterVersion) -> None:
         log.info("promotion: %s not published from this process (no view of its files); left to the tick", version.name)
         return
     await asyncio.to_thread(store.publish, version.name, version.path, version.id)
+    if (objects := ObjectStore.for_policy(policy)) is not None:
+        await asyncio.to_thread(objects.upload, version.name, store.location(version.name))
 
 
 def _precheck(
@@ -902,14 +905,26 @@ async def sync_adapter_store(
         return report
     now = now or await database_now(engine)
     versions, last = await _versions_and_last_changes(engine, policy.name)
+    objects = ObjectStore.for_policy(policy)
+    try:
+        uploaded = await asyncio.to_thread(objects.names) if objects is not None else set()
+    except Exception as exc:  # the bucket did not answer: the directory store is kept in step all the same
+        report.errors.append(f"{policy.name}: adapter store {objects.url if objects else ''}: {exc}")
+        objects, uploaded = None, set()
     for version in versions:
         try:
             if version.status.serving:
                 outcome = await asyncio.to_thread(store.publish, version.name, version.path, version.id)
                 if outcome != "present":
                     report.add(policy.name, version.name, "published", f"{store.location(version.name)} ({outcome})")
-            elif await asyncio.to_thread(store.holds, version.name) and _past_grace(policy, version, last, now):
-                await _unpublish_unless_serving(engine, store, version, report)
+                if objects is not None:
+                    location = store.location(version.name)
+                    if await asyncio.to_thread(objects.upload, version.name, location) != "present":
+                        report.add(policy.name, version.name, "uploaded", objects.key(version.name))
+            elif _past_grace(policy, version, last, now) and (
+                version.name in uploaded or await asyncio.to_thread(store.holds, version.name)
+            ):
+                await _unpublish_unless_serving(engine, store, objects, version, report)
         except PublishError as exc:
             report.errors.append(f"{policy.name}: {exc}")
     for leftover in await asyncio.to_thread(store.sweep):
@@ -918,7 +933,7 @@ async def sync_adapter_store(
 
 
 async def _unpublish_unless_serving(
-    engine: AsyncEngine, store: AdapterStore, version: AdapterVersion, report: TickReport
+    engine: AsyncEngine, store: AdapterStore, objects: ObjectStore | None, version: AdapterVersion, report: TickReport
 ) -> None:
     """Remove a version's published copy under the policy lock, after re-reading its status: a
     rollback that publishes it again waits for the lock and then publishes it anew."""
@@ -930,6 +945,8 @@ async def _unpublish_unless_serving(
         if await asyncio.to_thread(store.remove, version.name):
             where = f"{store.location(version.name)} ({current.status})"
             report.add(version.policy, version.name, "unpublished", where)
+        if objects is not None and await asyncio.to_thread(objects.remove, version.name):
+            report.add(version.policy, version.name, "unpublished", f"{objects.url}/{version.name} ({current.status})")
 
 
 async def _unload_unless_serving(
