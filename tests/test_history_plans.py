@@ -184,6 +184,12 @@ def test_learner_selection_reads_a_runs_calls_through_the_trajectory_index(histo
     assert len(read) <= 3 and len(read) < filled_partitions(history_db) - 4, scans  # its two days, DEFAULT
     for query in (_WAITING, _NEW_GROUPS):  # the first call of each trajectory, per trajectory
         assert_indexed(plan(history_db, query, selection_params()))
+    # Each trajectory's first call is looked up only in the partitions of its own days (bounded by
+    # its first and last call, pruned at each loop), not in all of them.
+    counted = plan(history_db, _NEW_GROUPS, selection_params())
+    loops = max(n["Actual Loops"] for n in nodes(counted) if n.get("Node Type") == "Limit")
+    probes = sum(n["Actual Loops"] for n in nodes(counted) if str(n.get("Relation Name", "")).startswith("calls_"))
+    assert loops > 1000 and probes <= 1.5 * loops, (loops, probes)
 
 
 def test_selection_of_rewarded_trajectories_gets_every_call_across_partitions(history_db: str) -> None:
@@ -265,7 +271,14 @@ def test_the_shippers_insert_and_stitch_passes_use_indexes(history_db: str) -> N
 
 def test_a_trajectorys_calls_and_lookups_by_call_id_use_indexes(history_db: str) -> None:
     [one] = trajectory_ids(history_db, 1, offset=4321)
-    assert_indexed(plan(history_db, "SELECT * FROM calls WHERE trajectory_id = %s ORDER BY created_at, id", (one,)))
+    # the trajectory's page (gateway/store/trajectories.py): bounded by its first and last call
+    page = plan(
+        history_db,
+        "SELECT c.* FROM calls c, trajectories t WHERE t.id = %s AND c.trajectory_id = t.id "
+        "AND c.created_at BETWEEN t.first_call_at AND t.last_call_at ORDER BY c.created_at, c.id",
+        (one,),
+    )
+    assert len({name for _, name in assert_indexed(page)}) <= 3  # its day(s) and DEFAULT
     with psycopg.connect(history_db) as db:
         row = db.execute("SELECT id::text, response_id FROM calls WHERE trajectory_id = %s LIMIT 1", (one,)).fetchone()
     assert row is not None

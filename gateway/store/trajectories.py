@@ -131,7 +131,13 @@ async def _details(cursor: AsyncCursor[dict[str, Any]], root: uuid.UUID, *, hist
     if trajectory.group_id:
         await cursor.execute(_GROUP_MEMBERS, (trajectory.group_id, trajectory.tenant, root))
         group_members = [member["id"] for member in await cursor.fetchall()]
-    await cursor.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE trajectory_id = %s ORDER BY created_at, id", (root,))
+    # Bounded by the trajectory's first and last call: calls is partitioned by created_at, so
+    # only the partitions of those days are read.
+    await cursor.execute(
+        f"SELECT {_CALL_COLUMNS} FROM calls WHERE trajectory_id = %s AND created_at BETWEEN %s AND %s "
+        "ORDER BY created_at, id",
+        (root, trajectory.first_call_at, trajectory.last_call_at),
+    )
     calls = [CallRow(**call) for call in await cursor.fetchall()]
     rewards = await rewards_of(cursor, [root], history=history)
     return TrajectoryDetails(

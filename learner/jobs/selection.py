@@ -98,6 +98,7 @@ SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at
        fc.request
 FROM trajectories t
 LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
+                   AND c.created_at BETWEEN t.first_call_at AND t.last_call_at  -- prunes partitions
                    ORDER BY c.created_at, c.id LIMIT 1) fc ON true
 WHERE {_UNTRAINED}
   AND t.last_call_at >= now() - make_interval(secs => %(wait_s)s)
@@ -422,6 +423,7 @@ SELECT count(DISTINCT (t.tenant, coalesce('g:' || t.group_id,
                                                       || coalesce(fc.request->'tools', 'null'::jsonb)::text))))
 FROM trajectories t
 LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
+                   AND c.created_at BETWEEN t.first_call_at AND t.last_call_at  -- prunes partitions
                    ORDER BY c.created_at, c.id LIMIT 1) fc ON true
 WHERE {_UNTRAINED}
   AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
