@@ -7,9 +7,12 @@ Per policy, from `policies[].learning`:
   trained on, and run as soon as there are at least that many; then run again at once, back to
   back, while each run produces a candidate and at least that many new groups still wait (a run
   that produced nothing waits for the next poll: the same data would not do better at once).
-Each policy has one long-lived `PolicyTrainer` (session.py): its base model, the lineage's
-LoRA and its optimizer stay in memory from run to run, so a run costs its new data, not a
-model load, and consecutive runs continue one optimization.
+Each policy's runs start as `learning.launcher` says (learner/jobs/launchers.py). In process
+(the default), a policy has one long-lived `PolicyTrainer` (session.py): its base model, the
+lineage's LoRA and its optimizer stay in memory from run to run, so a run costs its new data,
+not a model load, and consecutive runs continue one optimization. Under `torchrun` or
+`kubernetes` each run is a fresh group of processes (one per GPU) that loads the version it
+starts from; the scheduler waits for it and reads its outcome from its `training_runs` row.
 All runs go through one worker thread, so two policies never train at once on this machine
 (they would share its CPU or GPU) and a slow run delays the next instead of piling up
 (max_instances=1, coalesce). Across machines, run_once's advisory lock keeps one learner per
@@ -36,7 +39,8 @@ from typing import Any
 import psycopg
 
 from apprentice.settings import PolicySettings, Settings
-from learner.jobs.run import RunOutcome, learner_database_url, run_once
+from learner.jobs.launchers import InProcessLauncher, launcher_for
+from learner.jobs.run import RunOutcome, learner_database_url
 from learner.jobs.selection import count_new_groups
 from learner.jobs.session import PolicyTrainer
 
@@ -65,23 +69,26 @@ class Learner:
             if policy.learning.enabled:
                 self.policies.append(policy)
         self.url = learner_database_url(settings, database_url)
-        self.trainers = {policy.name: PolicyTrainer(policy) for policy in self.policies}
+        # How each policy's runs start (learning.launcher: in this process, torchrun, a Kubernetes Job).
+        self.launchers = {policy.name: launcher_for(settings, policy, self.url) for policy in self.policies}
+        self.trainers: dict[str, PolicyTrainer] = {
+            name: launcher.trainer
+            for name, launcher in self.launchers.items()
+            if isinstance(launcher, InProcessLauncher)
+        }
         self._run_lock = threading.Lock()  # one training at a time on this machine
         self.outcomes: list[RunOutcome] = []
         self.scheduler: Any = None
 
     def run(self, policy: str, trigger: str) -> RunOutcome | None:
         with self._run_lock:
-            if self._behind_teacher(policy):
-                from learner.jobs.distill import run_distillation
-
-                outcome = run_distillation(
-                    self.settings, policy, trigger=trigger, database_url=self.url, trainer=self.trainers.get(policy)
-                )
-            else:
-                outcome = run_once(
-                    self.settings, policy, trigger=trigger, database_url=self.url, trainer=self.trainers.get(policy)
-                )
+            launcher = self.launchers.get(policy)
+            if launcher is None:  # a policy this learner does not schedule, run on request
+                settings = self.settings.policy(policy)
+                if settings is None:
+                    raise ValueError(f"no policy named {policy!r} in the configuration")
+                launcher = launcher_for(self.settings, settings, self.url)
+            outcome = launcher.launch(trigger)
         self.outcomes.append(outcome)
         if outcome.status == "succeeded" and self.promotion_interval_s is not None:
             self.promote([policy])  # the new candidate's gates and canary start now, not at the next tick

@@ -1,0 +1,186 @@
+"""Launching runs: torchrun on this machine, a Kubernetes Job per run (against a fake API server
+over real HTTP whose "kubelet" runs the Job's command here), and how a step is shared by ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from learner.distributed.sharding import split_step
+from learner.jobs.kubernetes import job_manifest
+from learner.jobs.scheduler import Learner
+from tests.learner.fake_kubernetes import FakeCluster, FakeKubernetesAPI
+from tests.learner.test_grpo_run import populate, settings_for, trained
+
+TOKEN = "fake-service-account-token"
+
+
+@pytest.fixture
+def base(tiny_model_dir) -> str:
+    return str(tiny_model_dir)
+
+
+def write_config(path: Path, settings, *, with_database: bool) -> Path:
+    """The settings as the YAML file a child process (or a pod) reads."""
+    include = {"data_dir", "policies"} | ({"database_url"} if with_database else set())
+    path.write_text(yaml.safe_dump(json.loads(settings.model_dump_json(include=include, exclude_none=True))))
+    return path
+
+
+def write_kubeconfig(path: Path, server: str, token: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "test",
+                "clusters": [{"name": "fake", "cluster": {"server": server}}],
+                "users": [{"name": "learner", "user": {"token": token}}],
+                "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "learner"}}],
+            }
+        )
+    )
+    return path
+
+
+def test_a_step_is_split_into_whole_samples_balanced_by_tokens():
+    sizes = {0: 50, 1: 10, 2: 40, 3: 30, 4: 5}
+    shares = split_step([3, 0, 4, 1, 2], sizes, 2)
+    assert sorted(s for share in shares for s in share) == [0, 1, 2, 3, 4], "every sample exactly once"
+    assert shares == [[0, 4, 1], [3, 2]], "longest first to the lighter rank; each share in the step's order"
+    assert split_step([3, 0, 4, 1, 2], sizes, 2) == shares, "a pure function: every rank computes the same"
+    assert split_step([7], {7: 3}, 3) == [[7], [], []], "a rank may get nothing"
+
+
+def test_a_run_under_torchrun_writes_one_adapter_version_and_one_row(database_url, db, base, tmp_path, monkeypatch):
+    """Two gloo processes train together; rank 0 alone writes the version, its files and the run's row."""
+    ids = populate(db, base)
+    settings = settings_for(database_url, tmp_path / "data", base, launcher="torchrun", processes=2)
+    monkeypatch.setenv("APPRENTICE_CONFIG", str(write_config(tmp_path / "config.yaml", settings, with_database=False)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    learner = Learner(settings, database_url=database_url)
+    assert learner.trainers == {}, "no model in the scheduler's process"
+
+    outcome = learner.run("p", "test")
+
+    assert outcome is not None and outcome.status == "succeeded", outcome.error
+    runs = db.execute(
+        "SELECT id::text, status, trigger, metrics, produced_version_id::text FROM training_runs"
+    ).fetchall()
+    assert len(runs) == 1
+    run_id, status, trigger, metrics, produced = runs[0]
+    assert (run_id, status, trigger) == (outcome.run_id, "succeeded", "test")
+    assert metrics["ranks"] == 2 and metrics["distributed"] == "ddp" and metrics["train"]["optimizer_steps"] >= 1
+    versions = db.execute("SELECT id::text, name, path, training_run_id::text FROM adapter_versions").fetchall()
+    assert versions == [(produced, "p-v1", outcome.path, run_id)]
+    directory = Path(outcome.path).parent
+    assert sorted(p.name for p in directory.iterdir()) == ["p-v1"], "one adapter directory, no leftovers"
+    assert (Path(outcome.path) / "adapter_model.safetensors").is_file()
+    assert trained(db, ids["useful"]) == [run_id] * 4
+
+
+def kube_settings(database_url, tmp_path, base, api_url, **kube):
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api_url, TOKEN)
+    config_path = tmp_path / "config.yaml"
+    section = {
+        "image": "registry.example/apprentice-learner:1.0",
+        "namespace": "learning",
+        "config_path": str(config_path),
+        "kubeconfig": str(kubeconfig),
+        "env_from": [{"secretRef": {"name": "apprentice-db"}}],
+        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+        "node_selector": {"nvidia.com/gpu.product": "H100"},
+        "labels": {"team": "ml"},
+        "poll_s": 0.2,
+        **kube,
+    }
+    settings = settings_for(database_url, tmp_path / "data", base, launcher="kubernetes", kubernetes=section)
+    write_config(config_path, settings, with_database=False)
+    return settings
+
+
+def test_the_kubernetes_launcher_runs_a_job_per_run_and_reads_its_row(database_url, db, base, tmp_path):
+    import kubernetes_validate
+
+    populate(db, base)
+    cluster = FakeCluster(TOKEN, secrets={"apprentice-db": {"APPRENTICE_DATABASE_URL": database_url}}, log_dir=tmp_path)
+    with FakeKubernetesAPI(cluster) as api:
+        settings = kube_settings(database_url, tmp_path, base, api.url)
+        outcome = Learner(settings, database_url=database_url).run("p", "min_new_groups:3")
+        logs = "\n".join(p.read_text()[-3000:] for p in cluster.logs.values())
+        assert outcome is not None and outcome.status == "succeeded", f"{outcome}\n{logs}"
+
+    ((name, manifest),) = cluster.jobs.items()
+    run_id = outcome.run_id
+    assert name == f"apprentice-learn-p-{run_id[:8]}" and manifest["metadata"]["namespace"] == "learning"
+    labels = manifest["spec"]["template"]["metadata"]["labels"]
+    assert labels["apprentice.dev/policy"] == "p" and labels["apprentice.dev/run-id"] == run_id
+    assert labels["team"] == "ml" and manifest["metadata"]["labels"] == labels
+    spec = manifest["spec"]
+    assert spec["backoffLimit"] == 0 and spec["ttlSecondsAfterFinished"] == 3600
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    container = pod["containers"][0]
+    assert container["image"] == "registry.example/apprentice-learner:1.0"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1, "one GPU per process"
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "torch.distributed.run"]
+    assert command[command.index("--nproc-per-node") + 1] == "1"
+    assert command[command.index("-m", 3) + 1] == "learner.jobs.one_run"
+    assert command[command.index("--run-id") + 1] == run_id and command[command.index("--policy") + 1] == "p"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert database_url not in json.dumps(manifest), "the database URL comes from a Secret, never the Job"
+    kubernetes_validate.validate(manifest, "1.30", strict=True)
+
+    row = db.execute(
+        "SELECT status, trigger, produced_version_id IS NOT NULL FROM training_runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    assert row == ("succeeded", "min_new_groups:3", True)
+    assert outcome.version_name == "p-v1" and Path(outcome.path, "adapter_config.json").is_file()
+    assert cluster.deleted == [name], "the finished Job is deleted"
+    delete = [body for method, _, body in cluster.requests if method == "DELETE"]
+    assert delete == [{"propagationPolicy": "Background"}], "with its pods"
+
+
+def test_a_job_that_fails_before_its_run_is_reported_failed_and_deleted(database_url, db, base, tmp_path):
+    cluster = FakeCluster(TOKEN, secrets={"apprentice-db": {"APPRENTICE_DATABASE_URL": database_url}}, log_dir=tmp_path)
+    with FakeKubernetesAPI(cluster) as api:
+        settings = kube_settings(database_url, tmp_path, base, api.url, config_path="/nonexistent/config.yaml")
+        outcome = Learner(settings, database_url=database_url).run("p", "schedule")
+    assert outcome is not None and outcome.status == "failed"
+    assert "without a training run row" in (outcome.error or "") and "Failed" in (outcome.error or "")
+    assert db.execute("SELECT count(*) FROM training_runs").fetchone() == (0,)
+    assert cluster.deleted == list(cluster.jobs)
+
+
+def test_a_refused_job_is_a_failed_run_with_the_api_message(database_url, db, base, tmp_path):
+    cluster = FakeCluster("another-token", log_dir=tmp_path)
+    with FakeKubernetesAPI(cluster) as api:
+        settings = kube_settings(database_url, tmp_path, base, api.url)
+        outcome = Learner(settings, database_url=database_url).run("p", "schedule")
+    assert outcome is not None and outcome.status == "failed"
+    assert "401 Unauthorized" in (outcome.error or "") and not cluster.jobs
+    sent = cluster.requests[0]
+    assert sent[0] == "POST" and sent[1] == "/apis/batch/v1/namespaces/learning/jobs"
+
+
+def test_the_job_template_asks_for_the_gpus_of_its_processes(tmp_path, base):
+    settings = settings_for(
+        "postgresql://x@127.0.0.1/db",
+        tmp_path,
+        base,
+        launcher="kubernetes",
+        processes=8,
+        distributed="fsdp",
+        kubernetes={"image": "img:1", "resources": {"limits": {"memory": "200Gi"}}, "shm_size": None},
+    )
+    manifest = job_manifest(settings.policies[0], "schedule", "0" * 8 + "-0000-0000-0000-000000000000")
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == {"limits": {"memory": "200Gi", "nvidia.com/gpu": 8}}
+    assert container["command"][container["command"].index("--nproc-per-node") + 1] == "8"
+    assert "--standalone" in container["command"] and container["volumeMounts"] == []
+    with pytest.raises(ValueError, match="kubernetes"):
+        settings_for("postgresql://x@127.0.0.1/db", tmp_path, base, launcher="kubernetes")
