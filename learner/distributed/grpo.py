@@ -56,7 +56,6 @@ from learner.grpo.trainer import (
     _chunks,
     _require_finite,
     _Row,
-    _row,
     _RunMeter,
     _show_progress,
 )
@@ -85,12 +84,7 @@ class DistributedGRPOTrainer(GRPOTrainer):
         started = time.perf_counter()
         result = TrainResult(kl_reference="base" if self.config.kl_beta > 0 else "start")
         rows = self._all_rows(samples, result.dropped)
-        by_sample: dict[int, list[_Row]] = {}
-        for row in rows:
-            by_sample.setdefault(row.sample, []).append(row)
-        result.samples = len(by_sample)
-        result.loss_tokens = sum(r.size for r in rows)
-        result.tokens = sum(int(r.ids.numel()) for r in rows)
+        by_sample = self._by_sample(rows, result)
         if by_sample:
             steps = self._plan(sorted(by_sample), {sample: len(rows) for sample, rows in by_sample.items()})
             sizes = {sample: sum(int(r.ids.numel()) for r in rows) for sample, rows in by_sample.items()}
@@ -111,20 +105,12 @@ class DistributedGRPOTrainer(GRPOTrainer):
     def _all_rows(self, samples: Sequence[TrainSample], dropped: dict[str, int]) -> list[_Row]:
         """Every sample's rows, without reference logprobs, minus the rows `prepare` would drop;
         the same list on every rank."""
-        rows: list[_Row] = []
-        for index, sample in enumerate(samples):
-            if any(len(s.input_ids) > self.config.max_seq_len for s in sample.segments):
-                dropped["too_long"] = dropped.get("too_long", 0) + 1
-                continue
-            made = [r for r in (_row(index, s) for s in sample.segments) if r is not None]
-            if not made:
-                dropped["no_loss_tokens"] = dropped.get("no_loss_tokens", 0) + 1
-                continue
-            for row in made:
-                if self._behaviour_scorable(row):
-                    rows.append(row)
-                else:
-                    dropped["behaviour_unavailable"] = dropped.get("behaviour_unavailable", 0) + 1
+        rows = []
+        for row in self.build_rows(samples, dropped):
+            if self._behaviour_scorable(row):
+                rows.append(row)
+            else:
+                dropped["behaviour_unavailable"] = dropped.get("behaviour_unavailable", 0) + 1
         return rows
 
     def _behaviour_scorable(self, row: _Row) -> bool:

@@ -230,7 +230,10 @@ class GRPOTrainer:
     def _rows_by_sample(self, samples: Sequence[TrainSample], result: TrainResult) -> dict[int, list[_Row]]:
         """The rows of every sample that can train, by sample index; what they cover (and what was
         dropped) goes into `result`."""
-        rows = self.prepare(samples, result.dropped)
+        return self._by_sample(self.prepare(samples, result.dropped), result)
+
+    def _by_sample(self, rows: Sequence[_Row], result: TrainResult) -> dict[int, list[_Row]]:
+        """`rows` by sample index; the samples, loss tokens and tokens they cover go into `result`."""
         by_sample: dict[int, list[_Row]] = {}
         for row in rows:
             by_sample.setdefault(row.sample, []).append(row)
@@ -256,6 +259,10 @@ class GRPOTrainer:
 
     def prepare(self, samples: Sequence[TrainSample], dropped: dict[str, int]) -> list[_Row]:
         """Rows of every sample that can train, with their reference logprobs filled in."""
+        return self._fill_references(self.build_rows(samples, dropped), dropped)
+
+    def build_rows(self, samples: Sequence[TrainSample], dropped: dict[str, int]) -> list[_Row]:
+        """Rows of every sample that can train (ids and loss positions; no model involved)."""
         rows: list[_Row] = []
         for index, sample in enumerate(samples):
             if any(len(s.input_ids) > self.config.max_seq_len for s in sample.segments):
@@ -266,7 +273,7 @@ class GRPOTrainer:
                 dropped["no_loss_tokens"] = dropped.get("no_loss_tokens", 0) + 1
                 continue
             rows.extend(made)
-        return self._fill_references(rows, dropped)
+        return rows
 
     def _fill_references(self, rows: list[_Row], dropped: dict[str, int]) -> list[_Row]:
         """old, behaviour and ref logprobs for every row; rows whose sampler is unknown are dropped."""
