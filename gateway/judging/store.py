@@ -46,7 +46,8 @@ SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at
                AND r.status = 'linked' AND r.superseded_at IS NULL) AS has_webhook
 FROM trajectories t
 LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
-                   AND c.created_at BETWEEN t.first_call_at AND t.last_call_at  -- prunes partitions
+                   AND c.created_at BETWEEN t.first_call_at - interval '1 day'
+                                        AND t.last_call_at + interval '1 day'  -- prunes partitions
                    ORDER BY c.created_at, c.id LIMIT 1) fc ON true
 WHERE t.policy = %(policy)s AND t.merged_into IS NULL AND t.trained_in_run_id IS NULL AND t.trainable
   AND (t.client_trajectory_id IS NULL OR t.client_trajectory_id NOT LIKE 'apprentice-judge:%%')
@@ -402,7 +403,8 @@ SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at
        fc.request->'messages' AS messages, fc.request->'tools' AS tools, false AS has_webhook
 FROM trajectories t
 LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
-                   AND c.created_at BETWEEN t.first_call_at AND t.last_call_at  -- prunes partitions
+                   AND c.created_at BETWEEN t.first_call_at - interval '1 day'
+                                        AND t.last_call_at + interval '1 day'  -- prunes partitions
                    ORDER BY c.created_at, c.id LIMIT 1) fc ON true
 WHERE t.policy = %(policy)s AND t.merged_into IS NULL AND t.trainable
   AND (t.client_trajectory_id IS NULL OR t.client_trajectory_id NOT LIKE 'apprentice-judge:%%')

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg import AsyncCursor
@@ -17,6 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.store.connection import driver_connection
 from gateway.store.rewards import StoredReward, rewards_of
+
+# calls is partitioned by created_at (docs/history.md): a trajectory's calls are read between its
+# first and last call, widened by this for rows written by other tools.
+CALL_BOUND_SLACK = timedelta(days=1)
 
 _SUMMARY_COLUMNS = """t.id, t.tenant, t.model, t.policy, t.client_trajectory_id, t.group_id, t.adapter_version_id,
     t.first_call_at, t.last_call_at, t.call_count, t.trained_in_run_id, t.trainable,
@@ -131,12 +135,12 @@ async def _details(cursor: AsyncCursor[dict[str, Any]], root: uuid.UUID, *, hist
     if trajectory.group_id:
         await cursor.execute(_GROUP_MEMBERS, (trajectory.group_id, trajectory.tenant, root))
         group_members = [member["id"] for member in await cursor.fetchall()]
-    # Bounded by the trajectory's first and last call: calls is partitioned by created_at, so
-    # only the partitions of those days are read.
+    # Bounded by the trajectory's first and last call (a day of slack for rows written by other
+    # tools): calls is partitioned by created_at, so only the partitions of those days are read.
     await cursor.execute(
         f"SELECT {_CALL_COLUMNS} FROM calls WHERE trajectory_id = %s AND created_at BETWEEN %s AND %s "
         "ORDER BY created_at, id",
-        (root, trajectory.first_call_at, trajectory.last_call_at),
+        (root, trajectory.first_call_at - CALL_BOUND_SLACK, trajectory.last_call_at + CALL_BOUND_SLACK),
     )
     calls = [CallRow(**call) for call in await cursor.fetchall()]
     rewards = await rewards_of(cursor, [root], history=history)

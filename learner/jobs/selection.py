@@ -98,7 +98,8 @@ SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at
        fc.request
 FROM trajectories t
 LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
-                   AND c.created_at BETWEEN t.first_call_at AND t.last_call_at  -- prunes partitions
+                   AND c.created_at BETWEEN t.first_call_at - interval '1 day'
+                                        AND t.last_call_at + interval '1 day'  -- prunes partitions
                    ORDER BY c.created_at, c.id LIMIT 1) fc ON true
 WHERE {_UNTRAINED}
   AND t.last_call_at >= now() - make_interval(secs => %(wait_s)s)
@@ -109,12 +110,15 @@ LIMIT %(limit)s
 
 # calls is partitioned by created_at (migration 0012): the bound from the trajectories' first
 # calls (first_call_at is the minimum of their calls' created_at, merges included) lets
-# PostgreSQL skip the partitions older than the run's trajectories at execution.
+# PostgreSQL skip the partitions older than the run's trajectories at execution. The day of
+# slack, here and in the first-call lookups, keeps rows written by other tools (tests, imports)
+# whose trajectory times drift from their calls' found, for one more partition at most.
 _CALLS = """
 SELECT c.trajectory_id::text AS trajectory_id, c.status_code, c.upstream_model, c.adapter_version_id::text AS version,
        c.temperature, c.request, c.response
 FROM calls c WHERE c.trajectory_id = ANY(%(ids)s::uuid[])
-  AND c.created_at >= (SELECT min(t.first_call_at) FROM trajectories t WHERE t.id = ANY(%(ids)s::uuid[]))
+  AND c.created_at >= (SELECT min(t.first_call_at) - interval '1 day' FROM trajectories t
+                       WHERE t.id = ANY(%(ids)s::uuid[]))
 ORDER BY c.trajectory_id, c.created_at, c.id
 """
 
@@ -423,7 +427,8 @@ SELECT count(DISTINCT (t.tenant, coalesce('g:' || t.group_id,
                                                       || coalesce(fc.request->'tools', 'null'::jsonb)::text))))
 FROM trajectories t
 LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
-                   AND c.created_at BETWEEN t.first_call_at AND t.last_call_at  -- prunes partitions
+                   AND c.created_at BETWEEN t.first_call_at - interval '1 day'
+                                        AND t.last_call_at + interval '1 day'  -- prunes partitions
                    ORDER BY c.created_at, c.id LIMIT 1) fc ON true
 WHERE {_UNTRAINED}
   AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
