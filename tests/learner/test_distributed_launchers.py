@@ -4,11 +4,15 @@ over real HTTP whose "kubelet" runs the Job's command here), and how a step is s
 from __future__ import annotations
 
 import json
+import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 import yaml
+from psycopg.types.json import Jsonb
 
+from apprentice.settings import Settings
 from learner.distributed.sharding import split_step
 from learner.jobs.kubernetes import job_manifest
 from learner.jobs.scheduler import Learner
@@ -26,7 +30,7 @@ def base(tiny_model_dir) -> str:
 def write_config(path: Path, settings, *, with_database: bool) -> Path:
     """The settings as the YAML file a child process (or a pod) reads."""
     include = {"data_dir", "policies"} | ({"database_url"} if with_database else set())
-    path.write_text(yaml.safe_dump(json.loads(settings.model_dump_json(include=include, exclude_none=True))))
+    path.write_text(yaml.safe_dump(json.loads(settings.model_dump_json(include=include))))
     return path
 
 
@@ -184,3 +188,66 @@ def test_the_job_template_asks_for_the_gpus_of_its_processes(tmp_path, base):
     assert "--standalone" in container["command"] and container["volumeMounts"] == []
     with pytest.raises(ValueError, match="kubernetes"):
         settings_for("postgresql://x@127.0.0.1/db", tmp_path, base, launcher="kubernetes")
+
+
+def add_teacher_trajectory(db, task: str, answer: str, reward: float) -> str:
+    """A trajectory the hosted teacher answered for policy p (upstream = the teacher's model_name)."""
+    trajectory = str(uuid.uuid4())
+    at = datetime.now(timezone.utc) - timedelta(minutes=1)
+    db.execute(
+        "INSERT INTO trajectories (id, tenant, model, policy, first_call_at, last_call_at, call_count) "
+        "VALUES (%s, 'acme', 'p', 'p', %s, %s, 1)",
+        (trajectory, at, at),
+    )
+    request = {"model": "p", "messages": [{"role": "user", "content": task}]}
+    response = {"id": "chatcmpl-t", "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}}]}
+    db.execute(
+        "INSERT INTO calls (id, trajectory_id, tenant, model, policy, upstream, upstream_model, created_at, "
+        "status_code, request, response, temperature) "
+        "VALUES (%s, %s, 'acme', 'p', 'p', 'teacher', 'teacher-rule', %s, 200, %s, %s, 1.0)",
+        (str(uuid.uuid4()), trajectory, at, Jsonb(request), Jsonb(response)),
+    )
+    db.execute(
+        "INSERT INTO rewards (id, tenant, target_kind, target, trajectory_id, status, linked_at, value, "
+        "content_hash, source, observed_at) VALUES (%s, 'acme', 'trajectory', %s, %s, 'linked', now(), %s, "
+        "'\\x00', 'key', now())",
+        (str(uuid.uuid4()), trajectory, trajectory, reward),
+    )
+    return trajectory
+
+
+def test_a_distillation_run_under_torchrun_trains_on_both_ranks(database_url, db, base, tmp_path, monkeypatch):
+    """A policy behind its teacher: the torchrun run is a distillation (kind sft) trained by both ranks."""
+    chosen = [
+        add_teacher_trajectory(db, f"Describe item {i}.", f"In short: item {i} is useful.", 1.0) for i in range(5)
+    ]
+    left_out = add_teacher_trajectory(db, "Describe item 9.", "It depends on many things.", 0.0)
+    teacher_entry = {"model_name": "teacher", "litellm_params": {"model": "openai/teacher-rule", "api_key": "sk-t"}}
+    settings = Settings(
+        database_url=database_url,
+        data_dir=tmp_path / "data",
+        model_list=[teacher_entry],
+        policies=[
+            {
+                "name": "p",
+                "base_model": base,
+                "endpoints": ["http://127.0.0.1:9/v1"],
+                "learning": {"launcher": "torchrun", "processes": 2, "micro_batch_size": 1, "grad_accumulation": 2},
+                "teacher": {"model": "teacher", "distill": {"min_reward": 1.0, "top_share": None, "lr": 1e-3}},
+            }
+        ],
+    )
+    path = tmp_path / "config.yaml"
+    include = {"data_dir", "policies", "model_list"}
+    path.write_text(yaml.safe_dump(json.loads(settings.model_dump_json(include=include))))
+    monkeypatch.setenv("APPRENTICE_CONFIG", str(path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+    outcome = Learner(settings, database_url=database_url).run("p", "test")
+
+    assert outcome is not None and outcome.status == "succeeded", (outcome.error, outcome.metrics)
+    kind, metrics = db.execute("SELECT kind, metrics FROM training_runs WHERE id = %s", (outcome.run_id,)).fetchone()
+    assert kind == "sft" and metrics["ranks"] == 2 and metrics["distill"]["chosen"] == 5
+    assert metrics["train"]["optimizer_steps"] == 6, "5 segments, steps of 2, 2 epochs"
+    assert db.execute("SELECT count(*) FROM adapter_versions").fetchone() == (1,)
+    assert trained(db, chosen) == [outcome.run_id] * 5 and trained(db, [left_out]) == [None]
