@@ -33,9 +33,10 @@ def learn_command(
     """Run the learner for one policy once: a candidate adapter from its rewarded trajectories (GRPO),
     or from its teacher's answers while it is behind one. Under torchrun, every process runs this
     command and they train together (docs/learner.md, "Several GPUs")."""
-    from learner.jobs.one_run import run_in_group
+    from learner.jobs.one_run import exit_on_sigterm, run_in_group
 
     setup_logging(log_level)
+    exit_on_sigterm()
     settings = load(config_path)
     if settings.policy(policy) is None:
         raise click.ClickException(f"no policy named {policy!r} in the configuration")

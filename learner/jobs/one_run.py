@@ -13,6 +13,8 @@ was skipped, or did not start (lock busy, paused, disabled), 1 for a failed or a
 from __future__ import annotations
 
 import logging
+import signal
+from types import FrameType
 
 import psycopg
 
@@ -23,6 +25,28 @@ from learner.jobs.session import PolicyTrainer
 log = logging.getLogger(__name__)
 
 FAILED = frozenset({"failed", "aborted"})
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived (torchrun stopping its group, a Job's deadline, an operator's scheduler).
+
+    Raised in the run like any interrupt, so the run's row is closed as failed with this message
+    (learner/jobs/run.py end_failed_run) instead of staying `running` until the next run."""
+
+    def __init__(self) -> None:
+        super().__init__(143)
+
+    def __str__(self) -> str:
+        return "stopped by SIGTERM before the run finished"
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM raises Terminated in the main thread (the default would end the process at once)."""
+    signal.signal(signal.SIGTERM, _terminate)
 
 
 def exit_code(outcome: RunOutcome) -> int:

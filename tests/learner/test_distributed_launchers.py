@@ -4,6 +4,11 @@ over real HTTP whose "kubelet" runs the Job's command here), and how a step is s
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,6 +25,7 @@ from tests.learner.fake_kubernetes import FakeCluster, FakeKubernetesAPI
 from tests.learner.test_grpo_run import populate, settings_for, trained
 
 TOKEN = "fake-service-account-token"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -251,3 +257,29 @@ def test_a_distillation_run_under_torchrun_trains_on_both_ranks(database_url, db
     assert metrics["train"]["optimizer_steps"] == 6, "5 segments, steps of 2, 2 epochs"
     assert db.execute("SELECT count(*) FROM adapter_versions").fetchone() == (1,)
     assert trained(db, chosen) == [outcome.run_id] * 5 and trained(db, [left_out]) == [None]
+
+
+def test_sigterm_closes_the_run_row_as_failed(database_url, db, base, tmp_path):
+    """The one-run command stopped by SIGTERM (torchrun stopping its group, a Job's deadline) says
+    so on its row instead of leaving it `running`."""
+    populate(db, base)
+    settings = settings_for(database_url, tmp_path / "data", base)
+    config = write_config(tmp_path / "config.yaml", settings, with_database=True)
+    run_id = str(uuid.uuid4())
+    command = [sys.executable, "-m", "learner.jobs.one_run", "--config", str(config), "--policy", "p"]
+    command += ["--run-id", run_id, "--no-progress"]
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while db.execute("SELECT 1 FROM training_runs WHERE id = %s", (run_id,)).fetchone() is None:
+            assert process.poll() is None and time.monotonic() < deadline, "the run never wrote its row"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, stderr.decode()[-2000:]
+    status, error = db.execute("SELECT status, error FROM training_runs WHERE id = %s", (run_id,)).fetchone()
+    assert status == "failed" and "SIGTERM" in error
+    assert db.execute("SELECT count(*) FROM adapter_versions").fetchone() == (0,)
