@@ -71,6 +71,9 @@ class DistributedGRPOTrainer(GRPOTrainer):
     def __init__(self, model: Any, config: Any, *, distributed: DistributedContext, **kwargs: Any) -> None:
         super().__init__(model, config, **kwargs)
         self.distributed = distributed
+        # Inputs go to this rank's device: under FSDP the model is loaded on the CPU and only its
+        # shards move to the GPU, so the model's first parameter does not say where.
+        self.device = distributed.device()
         self.wrapped: torch.nn.Module | None = None
         self.adapter_state: dict[str, torch.Tensor] | None = None
 

@@ -33,7 +33,7 @@ def train_sft_distributed(
 ) -> tuple[SFTResult, dict[str, torch.Tensor] | None]:
     """`train_sft` on this rank's shares; returns the result and, under FSDP, the whole trained LoRA
     weights (the model then holds shards) for rank 0 to save."""
-    device = next(model.parameters()).device
+    device = context.device()  # not the model's: under FSDP it is loaded on the CPU, its shards move
     wrapped = wrap(FullLogits(model), model, context)
     fsdp = context.strategy == "fsdp"
     if fsdp:  # the parameters are now shards: an optimizer of the same kind over those

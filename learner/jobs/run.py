@@ -482,6 +482,7 @@ def _train_and_record(run: RunContext) -> RunOutcome:
         }
     )
     if trainer.distributed is not None:
+        run.metrics["device"] = str(trainer.distributed.device(learning.device))
         run.metrics["ranks"] = trainer.distributed.world_size
         run.metrics["distributed"] = trainer.distributed.strategy
     with trainer.attempt():

@@ -79,9 +79,16 @@ class PolicyTrainer:
 
             learning = self.policy.learning
             device: Any = None if learning.device == "auto" else learning.device
+            dtype: Any = None if learning.dtype == "auto" else learning.dtype
             if self.distributed is not None:  # each rank on its own GPU (or the CPU under gloo)
                 device = self.distributed.device(learning.device)
-            dtype = None if learning.dtype == "auto" else learning.dtype
+                if self.distributed.strategy == "fsdp":
+                    # The whole model may not fit one GPU: it is loaded into host memory (in the
+                    # GPU's dtype) and fully_shard moves each rank's shards to its GPU.
+                    from learner.models import pick_dtype
+
+                    dtype = pick_dtype(device, dtype)
+                    device = "cpu"
             self.base, self.tokenizer = load_base_model(self.policy.base_model, device=device, dtype=dtype)
             self.base_loads += 1
         return self.tokenizer
