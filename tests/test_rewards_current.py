@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from apprentice.store.engine import make_async_engine
+from gateway.store import rewards as rewards_store
 from gateway.store.rewards import _RECOMPUTE_GIVEN, IntakeRequest, NewReward, ingest_group
 
 TRAJECTORIES = 12
@@ -87,7 +88,18 @@ def _expected_current(db: psycopg.Connection) -> dict[tuple[uuid.UUID, str], uui
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_insert_and_recompute_derive_the_same_current_rewards(db: psycopg.Connection, database_url: str, seed: int):
+def test_insert_and_recompute_derive_the_same_current_rewards(
+    db: psycopg.Connection, database_url: str, seed: int, monkeypatch: pytest.MonkeyPatch
+):
+    # Which path each transaction took: the re-derivation is counted, the rest took the one statement.
+    rederived: list[int] = []
+    original = rewards_store._recompute
+
+    async def counting_recompute(*args, **kwargs):  # type: ignore[no-untyped-def]
+        rederived.append(1)
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(rewards_store, "_recompute", counting_recompute)
     rng = random.Random(seed)
     trajectories = [uuid.uuid4() for _ in range(TRAJECTORIES)]
     now = datetime.now(timezone.utc)
@@ -114,6 +126,7 @@ def test_insert_and_recompute_derive_the_same_current_rewards(db: psycopg.Connec
             ]
         )
     asyncio.run(_ingest(database_url, batches))
+    assert 0 < len(rederived) < len(batches) / 2, "both paths must be exercised, the one-statement path most"
 
     stored = db.execute("SELECT count(*) FROM rewards").fetchone()[0]
     assert stored > REWARDS // 2  # replays of a key's same content are stored once

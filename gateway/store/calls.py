@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.store.connection import driver_connection
 from gateway.store.rewards import MERGE_STATEMENTS as REWARD_MERGE_STATEMENTS
+from gateway.store.rewards import lock_trajectories
 
 STITCH_LOCK_ID = 0x4150_5354  # pg advisory lock held by the process running a stitch pass
 
@@ -232,6 +233,9 @@ async def stitch_pending(engine: AsyncEngine, open_window_s: float) -> int:
                     children = {child for child, _ in pairs}
                     pairs = [(child, parent) for child, parent in pairs if parent not in children] or pairs[:1]
                     await cursor.executemany("INSERT INTO merges VALUES (%s, %s)", pairs)
+                    # Reward intake and the linker change a trajectory's rewards under this lock:
+                    # without it a reward resolved to a child just before the merge lands on it after.
+                    await lock_trajectories(cursor, {t for pair in pairs for t in pair})
                     for statement in _APPLY_MERGES + REWARD_MERGE_STATEMENTS:
                         await cursor.execute(statement)
                     merged += len(pairs)

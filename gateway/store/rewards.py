@@ -12,7 +12,12 @@ case: one reward per run, each under its own key).
 Concurrency: writers take transaction-scoped advisory locks, first on the idempotency keys
 of their batch, then (when they add pending rewards under a bound) on their tenants, then on
 every trajectory whose rewards they may change, each set in sorted order (so no two writers
-wait on each other in a cycle). The linker takes the same locks.
+wait on each other in a cycle). The linker takes the same locks, and so does the stitcher
+(gateway/store/calls.py) on the children and parents it merges, through `lock_trajectories`.
+A writer finds a reward's trajectory (the root, after merges) before it holds that lock, so it
+checks once it does: a root merged meanwhile makes intake start over (`_RootMoved`) and leaves
+the linker's reward pending for its next pass; otherwise a reward could land on a child
+already merged away, where no reader looks.
 A deadlock with the call shipper's row locks is possible in principle; the transaction is
 then retried.
 """
@@ -413,6 +418,25 @@ async def _lock(cursor: psycopg.AsyncCursor[Any], keys: set[int]) -> None:
         await cursor.execute("SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) AS k", (sorted(keys),))
 
 
+async def lock_trajectories(cursor: psycopg.AsyncCursor[Any], trajectories: set[uuid.UUID]) -> None:
+    """Take the transaction-scoped lock under which a trajectory's rewards change (sorted: no cycles)."""
+    await _lock(cursor, {lock_key(b"t", t) for t in trajectories})
+
+
+class _RootMoved(Exception):
+    """A trajectory that rewards were resolved to was merged into another before its lock was held."""
+
+
+async def _merged_away(cursor: psycopg.AsyncCursor[Any], trajectories: set[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of `trajectories` merged into another one (read after their locks are held)."""
+    if not trajectories:
+        return set()
+    await cursor.execute(
+        "SELECT id FROM trajectories WHERE id = ANY(%s::uuid[]) AND merged_into IS NOT NULL", (list(trajectories),)
+    )
+    return {row["id"] if isinstance(row, dict) else row[0] for row in await cursor.fetchall()}
+
+
 async def _retrying(engine: AsyncEngine, work: Callable[[psycopg.AsyncCursor[dict[str, Any]]], Awaitable[T]]) -> T:
     async with engine.connect() as connection:
         pg = await driver_connection(connection)
@@ -423,7 +447,7 @@ async def _retrying(engine: AsyncEngine, work: Callable[[psycopg.AsyncCursor[dic
                         # JIT compiles these short statements once the tables grow (hundreds of ms).
                         await cursor.execute("SET LOCAL jit = off")
                         return await work(cursor)
-            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure, _RootMoved):
                 if attempt == RETRIES - 1:
                     raise
                 await asyncio.sleep(0.01 * (attempt + 1))
@@ -677,7 +701,9 @@ async def _insert(
     (`_INSERT_CURRENT`), else by re-deriving the slots and keys they touch (`_RECOMPUTE`).
     `stored_keys` are the (tenant, key)s that had rows before this transaction."""
     trajectories = {t for position in fresh if (t := resolved[position][0]) is not None}
-    await _lock(cursor, {lock_key(b"t", t) for t in trajectories | key_trajectories})
+    await lock_trajectories(cursor, trajectories | key_trajectories)
+    if await _merged_away(cursor, trajectories):
+        raise _RootMoved()  # the transaction starts over and resolves the new root
     rows = [
         _insert_row(ord_, requests[i].rewards[j], hashes[i][j], resolved[(i, j)][0])
         for ord_, (i, j) in enumerate(fresh)
@@ -752,7 +778,11 @@ async def link_pending_rewards(
             cursor, {lock_key(b"k", c["tenant"], c["idempotency_key"]) for c in candidates if c["idempotency_key"]}
         )
         roots = {c["root"] for c in candidates}
-        await _lock(cursor, {lock_key(b"t", root) for root in roots})
+        await lock_trajectories(cursor, roots)
+        moved = await _merged_away(cursor, roots)
+        if moved:  # merged after the candidates were read: linked to the new root on the next pass
+            candidates = [c for c in candidates if c["root"] not in moved]
+            roots -= moved
         links = []
         for c in candidates:
             reason = check(c["policy"], c["name"], c["value"], c["metrics"] or {})
