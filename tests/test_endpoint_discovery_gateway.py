@@ -152,3 +152,37 @@ def test_calls_follow_the_dns_name_as_its_records_change(upstreams, dns, start_g
     assert spread(gateway, upstreams, "mixed", 4) == {"127.0.0.5": 4}
     dns.records.set("mixed.apprentice.test", ["127.0.0.4"])
     wait_for(lambda: set(spread(gateway, upstreams, "mixed", 4)) == {"127.0.0.4", "127.0.0.5"}, timeout=15)
+
+
+def test_a_promoted_policy_behind_a_teacher_with_unresolved_names_gets_a_503(dns, fake_upstream, start_gateway, db):
+    """Found by review: a policy with a teacher that is not its fallback, a promoted version and a
+    DNS name that never resolved had no target at all; the handler read the first of none (a bare
+    500, the call unrecorded). Its calls get the 503 that names the policy, and are recorded."""
+    db.execute(
+        "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path) "
+        "VALUES (gen_random_uuid(), 'tutored', 1, 'tutored-v1', 'promoted', 'fake-base', '/nowhere')"
+    )
+    teacher = {
+        "model_name": "teacher",
+        "litellm_params": {"model": "openai/teacher-rule", "api_base": fake_upstream.api_base, "api_key": "sk-t"},
+    }
+    gateway = start_gateway(
+        model_list=[teacher],
+        policies=[
+            {
+                "name": "tutored",
+                "base_model": "fake-base",
+                "endpoints": ["dns+http://never.apprentice.test:8000/v1"],
+                "teacher": {"model": "teacher", "fallback": False},
+            }
+        ],
+        endpoint_discovery={"nameservers": [dns.nameserver], "refresh_s": REFRESH_S, "timeout_s": 0.5},
+        adapter_poll_interval_s=0.1,
+    )
+    for stream in (False, True):
+        body = {"model": "tutored", "stream": stream, "messages": [{"role": "user", "content": f"stream {stream}"}]}
+        answer = httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=30)
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "policy_endpoints_unresolved" and "never.apprentice.test" in error["message"]
+    wait_for(lambda: db.execute("SELECT count(*) FROM calls WHERE status_code = 503").fetchone()[0] == 2, timeout=20)

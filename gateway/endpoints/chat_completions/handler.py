@@ -54,7 +54,7 @@ from gateway.upstreams.direct import (
     error_from_answer,
     post_with_retries,
 )
-from gateway.upstreams.routing import RoutePlan, UnknownModel, UpstreamTarget
+from gateway.upstreams.routing import EndpointsUnresolved, RoutePlan, UnknownModel, UpstreamTarget
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +317,12 @@ class ChatCompletionsEndpoint:
             self.state.stitch_index.register(key, trajectory)
 
     def _attempts(self, call: CallContext) -> list[UpstreamTarget]:
-        return attempt_order(call.plan.targets, call.plan.primary_count, self.router_settings.num_retries)
+        targets = attempt_order(call.plan.targets, call.plan.primary_count, self.router_settings.num_retries)
+        if not targets:  # a policy whose endpoint names never resolved, and its teacher does not answer this call
+            policy = call.plan.policy
+            unresolved = self.state.router.directory.unresolved(policy) if policy else []
+            raise EndpointsUnresolved(policy.name if policy else call.plan.model, unresolved)
+        return targets
 
     def _bodies(self, call: CallContext, targets: list[UpstreamTarget]) -> dict[str, bytes]:
         return {
@@ -374,8 +379,8 @@ class ChatCompletionsEndpoint:
 
     # ---- non-streamed ----------------------------------------------------------------
     async def _complete(self, call: CallContext, send: Send) -> int:
-        targets = self._attempts(call)
         try:
+            targets = self._attempts(call)
             if targets[0].direct:
                 answer = await self._open_direct(call, targets)
                 raw = await answer.response.read()
@@ -402,8 +407,8 @@ class ChatCompletionsEndpoint:
 
     # ---- streamed ----------------------------------------------------------------------
     async def _stream(self, call: CallContext, send: Send) -> int:
-        targets = self._attempts(call)
         try:
+            targets = self._attempts(call)
             if targets[0].direct:
                 answer = await self._open_direct(call, targets)
                 chunks: AsyncIterator[bytes] = answer.response.content.iter_any()
