@@ -71,11 +71,13 @@ def test_a_dns_entry_without_port_takes_the_schemes():
         ("dns+http://vllm.example:99999/v1", "bad port"),
         ("dns+http://vllm.example:8000/v1?x=1", "no query or fragment"),
         ("dns+http://user:secret@vllm.example:8000/v1", "credentials do not belong"),
+        ("dns+http://user:secret@vllm.example:99999/v1", "bad port"),
     ],
 )
 def test_a_dns_entry_that_cannot_be_resolved_as_written_is_refused(entry: str, reason: str):
-    with pytest.raises(EntryError, match=re.escape(reason)):
+    with pytest.raises(EntryError, match=re.escape(reason)) as raised:
         parse_entry(entry)
+    assert "secret" not in str(raised.value), "the error must not print a password"
 
 
 def test_the_settings_refuse_a_bad_entry_naming_it():

@@ -54,6 +54,15 @@ def is_dns_entry(entry: str) -> bool:
     return entry.strip().lower().startswith(DNS_PREFIX)
 
 
+def _shown(entry: str) -> str:
+    """The entry as an error may print it: user and password, if any, replaced by `***`."""
+    scheme, separator, rest = entry.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return f"{scheme}{separator}{netloc}{slash}{path}"
+
+
 def parse_entry(entry: str) -> Entry:
     """A fixed base URL (returned as the string, trailing slash removed) or a DnsName.
 
@@ -64,30 +73,31 @@ def parse_entry(entry: str) -> Entry:
     if not is_dns_entry(text):
         return text
     parts = urlsplit(text)
+    shown = _shown(entry)  # errors end up on the command line and in logs
     scheme = parts.scheme.lower()
     if scheme not in DNS_SCHEMES:
         raise EntryError(
-            f"endpoint {entry!r}: a DNS entry is dns+http://NAME:PORT/PATH or dns+https://NAME:PORT/PATH "
+            f"endpoint {shown!r}: a DNS entry is dns+http://NAME:PORT/PATH or dns+https://NAME:PORT/PATH "
             f"(not {parts.scheme}://)"
         )
     try:
         port = parts.port
     except ValueError as exc:
-        raise EntryError(f"endpoint {entry!r}: bad port ({exc})") from None
+        raise EntryError(f"endpoint {shown!r}: bad port ({exc})") from None
     host = parts.hostname
     if not host:
-        raise EntryError(f"endpoint {entry!r}: no DNS name after {parts.scheme}://")
+        raise EntryError(f"endpoint {shown!r}: no DNS name after {parts.scheme}://")
     if parts.username is not None or parts.password is not None:
-        raise EntryError(f"endpoint {entry!r}: credentials do not belong in the URL (set the policy's api_key)")
+        raise EntryError(f"endpoint {shown!r}: credentials do not belong in the URL (set the policy's api_key)")
     if parts.query or parts.fragment:
-        raise EntryError(f"endpoint {entry!r}: a DNS entry takes no query or fragment")
+        raise EntryError(f"endpoint {shown!r}: a DNS entry takes no query or fragment")
     try:
         ipaddress.ip_address(host)
     except ValueError:
         pass
     else:
         raise EntryError(
-            f"endpoint {entry!r}: {host} is an address, not a DNS name; write it as a fixed entry "
+            f"endpoint {shown!r}: {host} is an address, not a DNS name; write it as a fixed entry "
             f"({DNS_SCHEMES[scheme]}://...)"
         )
     base = DNS_SCHEMES[scheme]
