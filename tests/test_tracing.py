@@ -378,6 +378,20 @@ def test_span_of_a_native_messages_call_and_content_only_when_asked():
     assert json.loads(event.attributes["gen_ai.input.messages"]) == [{"role": "user", "content": "secret"}]
 
 
+def test_span_of_a_call_to_an_endpoint_resolved_from_a_dns_name():
+    """The record names the address the name resolved to, which the settings never listed."""
+    settings = Settings(
+        model_list=[{"model_name": "*", "litellm_params": {"model": "openai/*", "api_key": "k"}}],
+        policies=[{"name": "agent", "base_model": "b", "endpoints": ["dns+http://vllm.ns.svc:8000/v1"]}],
+        tracing={"otlp_endpoint": "http://127.0.0.1:9"},
+    )
+    builder = SpanBuilder(settings, settings.tracing)
+    record = _record(upstream="agent@http://10.1.2.3:8000/v1", protocol="chat.completions")
+    attributes = dict(builder.call_span(call_item(record, include_content=False)).attributes or {})
+    assert attributes["server.address"] == "10.1.2.3" and attributes["server.port"] == 8000
+    assert attributes["gen_ai.provider.name"] != "openai", "not the wildcard deployment's provider"
+
+
 def test_a_full_queue_drops_and_counts_without_waiting():
     settings = Settings(tracing={"otlp_endpoint": "http://127.0.0.1:9", "queue_size": 2, "batch_size": 100})
     tracer = CallTracer(settings, settings.tracing)

@@ -134,11 +134,26 @@ class SpanBuilder:
         self.resource = Resource.create({"service.name": tracing.service_name, "service.version": __version__})
         self.upstreams = upstreams(settings)
         self.wildcard = self.upstreams.get("*")
+        self.policies = {policy.name for policy in settings.policies}
+
+    def _upstream(self, name: str | None) -> Upstream | None:
+        """Provider and server of a record's `upstream`: a model_name or a configured policy endpoint,
+        a policy endpoint resolved from a DNS name at run time (`policy@http://10.1.2.3:8000/v1`, not
+        known at start), else the wildcard deployment's."""
+        if not name:
+            return None
+        known = self.upstreams.get(name)
+        if known is not None:
+            return known
+        policy, at, endpoint = name.partition("@")
+        if at and policy in self.policies:
+            return Upstream(POLICY_PROVIDER, endpoint, endpoint, frozenset())
+        return self.wildcard
 
     def call_span(self, item: CallItem) -> ReadableSpan:
         trace_id = uuid.UUID(item.trajectory_id).int
         context = SpanContext(trace_id, span_id_of(uuid.UUID(item.call_id)), is_remote=False, trace_flags=_SAMPLED)
-        upstream = self.upstreams.get(item.upstream or "") or (self.wildcard if item.upstream else None)
+        upstream = self._upstream(item.upstream)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": OPERATION,
             "gen_ai.request.model": item.model,
