@@ -264,3 +264,34 @@ def test_the_store_of_a_policy_comes_from_its_promotion_settings(tmp_path: Path)
         PolicySettings(
             name="agent", base_model=BASE, promotion={"adapter_store": {"path": str(tmp_path), "bucket": "x"}}
         )
+
+
+def test_a_version_name_the_store_cannot_hold_fails_its_publish_permanently(tmp_path: Path) -> None:
+    """A policy named `.hidden` has versions `.hidden-vN`, which no store directory may be: the
+    version must not start serving (a permanent PublishError, which callers treat as a failed
+    load), rather than a ValueError that aborts the promotion job's pass for the policy."""
+    import asyncio
+    import uuid
+    from datetime import datetime, timezone
+
+    from apprentice.promotion.adapter_store import PublishError
+    from apprentice.promotion.lifecycle import VersionStatus
+    from apprentice.promotion.rows import AdapterVersion
+    from apprentice.promotion.service import _publish
+
+    policy = PolicySettings(
+        name=".hidden",
+        base_model=BASE,
+        endpoints=["http://x/v1"],
+        promotion={"adapter_store": {"path": str(tmp_path / "store")}},
+    )
+    now = datetime.now(timezone.utc)
+    version = AdapterVersion(
+        id=uuid.uuid4(), policy=".hidden", version=1, name=".hidden-v1", status=VersionStatus.CANDIDATE,
+        base_model=BASE, path=str(make_adapter(tmp_path / "learner" / ".hidden-v1")), parent_version_id=None,
+        training_run_id=None, rank=8, alpha=16.0, target_modules=None, canary_share=None, gates={}, evaluation={},
+        files_deleted_at=None, created_at=now, updated_at=now,
+    )  # fmt: skip
+    with pytest.raises(PublishError) as raised:
+        asyncio.run(_publish(policy, version))
+    assert raised.value.permanent and "cannot be a directory of the adapter store" in str(raised.value)

@@ -174,18 +174,20 @@ async def _load(
 async def _publish(policy: PolicySettings, version: AdapterVersion) -> None:
     """Publish `version` to the policy's adapter store, if it has one, before it serves.
 
-    A process that sees neither the version's files nor the store (a gateway acting for an
-    admin, without the adapters volume) skips: the promotion job publishes every serving
+    A process that does not see the version's files (a gateway acting for an admin, without the
+    adapters volume, whether or not it mounts the store) skips: the promotion job publishes every serving
     version missing from the store at its next tick (`sync_adapter_store`). Files that are
     there but not whole raise PublishError: nothing corrupt is published or served."""
     store = AdapterStore.for_policy(policy)
     if store is None:
         return
-    visible = await asyncio.to_thread(lambda: Path(version.path).exists() or store.root.exists())
-    if not visible:
+    if not await asyncio.to_thread(Path(version.path).exists):
         log.info("promotion: %s not published from this process (no view of its files); left to the tick", version.name)
         return
-    await asyncio.to_thread(store.publish, version.name, version.path, version.id)
+    try:
+        await asyncio.to_thread(store.publish, version.name, version.path, version.id)
+    except ValueError as exc:  # a version name the store cannot hold as a directory (AdapterStore.location)
+        raise PublishError(version.name, store.root, str(exc), permanent=True) from exc
     if (objects := ObjectStore.for_policy(policy)) is not None:
         await asyncio.to_thread(objects.upload, version.name, store.location(version.name))
 
@@ -925,7 +927,7 @@ async def sync_adapter_store(
                 version.name in uploaded or await asyncio.to_thread(store.holds, version.name)
             ):
                 await _unpublish_unless_serving(engine, store, objects, version, report)
-        except PublishError as exc:
+        except (PublishError, ValueError) as exc:  # ValueError: a name the store cannot hold (location)
             report.errors.append(f"{policy.name}: {exc}")
     for leftover in await asyncio.to_thread(store.sweep):
         report.add(policy.name, None, "store_swept", str(leftover))
