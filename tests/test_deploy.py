@@ -75,6 +75,11 @@ def test_kubernetes_has_the_pieces_the_product_needs():
     assert "nvidia.com/gpu" not in learner["spec"]["template"]["spec"]["containers"][0]["resources"].get("limits", {})
     role = next(d for d in documents if d["kind"] == "Role" and d["metadata"]["name"] == "apprentice-learner-jobs")
     assert role["rules"] == [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "delete"]}]
+    # vLLM's LoRA endpoints are unauthenticated: only the gateways and the learner may reach them.
+    policy = next(d for d in documents if d["kind"] == "NetworkPolicy")
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"app": "vllm"}}
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"][0]["podSelector"]["matchExpressions"][0]["values"] == ["gateway", "learner"]
     binding = next(d for d in documents if d["kind"] == "RoleBinding")
     assert (
         binding["subjects"][0]["name"] == "apprentice-learner"
