@@ -32,7 +32,8 @@ Measured on each database, `--repeats` times, medians:
     python -m bench.history_scale                  # 20 million calls; writes docs/benchmarks.md
     python -m bench.history_scale --calls 2000000  # smaller; writes the section too
     python -m bench.history_scale --quick          # 200,000 calls, 2 repeats; writes nothing
-    python -m bench.history_scale --keep           # leave the databases (dropped by default)
+    python -m bench.history_scale --keep --json a.json   # leave the databases (dropped by default)
+    python -m bench.history_scale --reuse a.json   # measure them again (then dropped, unless --keep)
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from psycopg import sql  # noqa: E402
 from apprentice.settings import PolicySettings  # noqa: E402
 from apprentice.store.engine import make_async_engine  # noqa: E402
 from apprentice.store.schema import upgrade  # noqa: E402
-from bench.gateway_overhead import drop_database, log, recreate_database  # noqa: E402
+from bench.gateway_overhead import database_url, drop_database, log, recreate_database  # noqa: E402
 from bench.report import machine_line, markdown_table, write_section  # noqa: E402
 from bench.stats import median  # noqa: E402
 from gateway.journal.shipper import JournalShipper  # noqa: E402
@@ -467,16 +468,19 @@ a day into an UNLOGGED table attached as that day's partition, its indexes built
 
 Why the two columns stay close: the shipper inserts into today's partition only (its primary key
 and indexes are today's size, not the history's); the selection reads the run's trajectories by
-the trajectories' index and their calls only in the partitions since the oldest one's first call
-(pruned at execution); a trajectory's page reads its calls through each partition's
-`(trajectory_id, created_at)` index; the overview's rates read the last five minutes, pruned at
-plan start to today's partition.
+the trajectories' index and their calls only in the partitions from the day before the run's
+oldest first call (pruned at execution), with JIT off (a plan costed over every partition made
+PostgreSQL compile for seconds a query that runs in 0.1 s); a trajectory's page reads its calls
+between its first and last call; the overview's rates read the last five minutes (here including
+the calls the shipper measure just stored), pruned at executor start to today's partition. What
+still grows is `trajectories` and `rewards` (not partitioned: one row a run), which the
+selection and the shipper's upsert read and write by index.
 """
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
-    need = args.calls * BYTES_PER_CALL_GUESS
+    need = 0 if args.reuse else args.calls * BYTES_PER_CALL_GUESS
     free = shutil.disk_usage("/").free
     log(f"disk: {free / 2**30:.0f} GiB free, about {need / 2**30:.0f} GiB needed for {args.calls:,} calls")
     if need * 1.3 > free:
@@ -490,10 +494,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
     }
     try:
-        log("preparing the empty database (working set only)")
-        empty = prepare(names["empty"], 0, args.days, today, args.workers)
-        log(f"preparing the history: {args.calls:,} calls over {args.days} days")
-        history = prepare(names["history"], args.calls, args.days, today, args.workers)
+        if args.reuse:  # the databases an earlier --keep run left, and what generating them cost
+            earlier = json.loads(args.reuse.read_text())
+            empty = {**earlier["generation_empty"], "url": database_url(ADMIN_URL, names["empty"])}
+            history = {**earlier["generation"], "url": database_url(ADMIN_URL, names["history"])}
+        else:
+            log("preparing the empty database (working set only)")
+            empty = prepare(names["empty"], 0, args.days, today, args.workers)
+            log(f"preparing the history: {args.calls:,} calls over {args.days} days")
+            history = prepare(names["history"], args.calls, args.days, today, args.workers)
         result["generation"] = {k: v for k, v in history.items() if k != "url"}
         result["generation_empty"] = {k: v for k, v in empty.items() if k != "url"}
         log(f"generated: {history}")
@@ -517,6 +526,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="200,000 calls, 2 repeats; writes nothing")
     parser.add_argument("--keep", action="store_true", help="leave the scratch databases")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--reuse", type=Path, help="measure again the databases of a --keep run (its --json)")
     args = parser.parse_args(argv)
     if args.quick:
         args.calls, args.repeats, args.ship_calls = 200_000, 2, 4_000

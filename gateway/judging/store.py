@@ -208,7 +208,11 @@ class _Cursor:
         self._transaction = pg.transaction()
         await self._transaction.__aenter__()
         self._cursor = pg.cursor(row_factory=dict_row)
-        return await self._cursor.__aenter__()
+        cursor = await self._cursor.__aenter__()
+        # A plan over every partition of calls (docs/history.md) is costed high enough to trigger
+        # JIT, whose compilation takes seconds for queries that run in milliseconds.
+        await cursor.execute("SET LOCAL jit = off")
+        return cursor
 
     async def __aexit__(self, *exc: Any) -> None:
         try:

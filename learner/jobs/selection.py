@@ -359,6 +359,13 @@ def assign_rewards(selection: Selection) -> None:
             del selection.group_sources[key]  # its members now train in their judgements' groups
 
 
+def _without_jit(cursor: psycopg.Cursor[Any]) -> None:
+    """No JIT for the rest of the transaction. calls is partitioned (docs/history.md): a plan over
+    every partition is costed before run-time pruning, high enough to trigger JIT, which then
+    spent 7 s compiling a run's selection that executes in 0.1 s (bench/history_scale.py)."""
+    cursor.execute("SET LOCAL jit = off")
+
+
 def load_versions(connection: psycopg.Connection, policy: str) -> list[AdapterVersion]:
     with connection.cursor(row_factory=dict_row) as cursor:
         cursor.execute(_VERSIONS, {"policy": policy})
@@ -381,7 +388,8 @@ def select(connection: psycopg.Connection, policy: PolicySettings) -> Selection:
     """Read the candidates of one learner run of `policy` (see the module docstring)."""
     learning = policy.learning
     plan = RewardPlan.of(policy)
-    with connection.cursor(row_factory=dict_row) as cursor:
+    with connection.transaction(), connection.cursor(row_factory=dict_row) as cursor:
+        _without_jit(cursor)
         cursor.execute("SELECT extract(epoch FROM now())::float8 AS now")
         clock = cursor.fetchone()
         assert clock is not None  # SELECT now() always returns its one row
@@ -441,7 +449,8 @@ def count_new_groups(connection: psycopg.Connection, policy: PolicySettings) -> 
     """About how many groups of rewarded (by a reward the policy trains on), untrained trajectories
     wait (cheap; for the trigger)."""
     params = {**RewardPlan.of(policy).params(), "policy": policy.name, "max_age_s": policy.learning.max_age_s}
-    with connection.cursor() as cursor:
+    with connection.transaction(), connection.cursor() as cursor:
+        _without_jit(cursor)
         cursor.execute(_NEW_GROUPS, params)
         count = cursor.fetchone()
         return int(count[0]) if count is not None else 0
