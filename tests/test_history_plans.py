@@ -97,7 +97,7 @@ def _fill(db: psycopg.Connection) -> None:
     db.execute("ANALYZE")
     empty = db.execute(
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-        "WHERE i.inhparent = 'calls'::regclass AND c.reltuples = 0"
+        "WHERE i.inhparent = 'calls'::regclass AND c.reltuples < 1000"
     ).fetchall()
     EMPTY.update(row[0] for row in empty)
 
@@ -122,8 +122,8 @@ def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def call_scans(root: dict[str, Any]) -> list[tuple[str, str]]:
-    """(node type, partition) of every executed scan of a non-empty partition of calls (a
-    sequential scan of an empty partition reads nothing)."""
+    """(node type, partition) of every executed scan of a partition of calls that holds more than a
+    handful of rows (a sequential scan of an empty or tiny partition is the right plan)."""
     return [
         (node["Node Type"], node["Relation Name"])
         for node in nodes(root)
@@ -133,7 +133,9 @@ def call_scans(root: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-EMPTY: set[str] = set()  # partitions with no rows (the days ahead), filled by the fixture
+# Partitions too small for an index to matter (the days ahead, empty; the oldest day, of which
+# the fixture's window may cover only a few minutes, depending on the time of day); filled by it.
+EMPTY: set[str] = set()
 
 
 def assert_indexed(root: dict[str, Any]) -> list[tuple[str, str]]:
@@ -302,7 +304,7 @@ def test_time_bounded_queries_touch_only_their_partitions(history_db: str) -> No
         {"policies": ["p0", "p1", "p2"], "minutes": 5},
     )
     scans = call_scans(rates)
-    assert len({name for _, name in scans}) <= 2, scans  # today and DEFAULT at most (the days ahead are empty)
+    assert len({name for _, name in scans}) <= 3, scans  # today (and yesterday just after midnight), DEFAULT
     # the takeover comparison (apprentice/promotion/takeover.py): calls since the canary started
     since = datetime.now(timezone.utc) - timedelta(hours=20)
     arm = plan(
