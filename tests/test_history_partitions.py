@@ -245,6 +245,17 @@ def test_retention_leaves_a_partition_made_by_hand_and_the_recent_ones(
     assert {name for name, _ in range_partitions(db)} == before
 
 
+def db_history(config: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """`apprentice db history` in its own process, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "apprentice.cli", "db", "history", "-c", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def test_the_cli_runs_the_maintenance_and_lists_partitions(
     database_url: str, db: psycopg.Connection, tmp_path: Any
 ) -> None:
@@ -252,23 +263,13 @@ def test_the_cli_runs_the_maintenance_and_lists_partitions(
     trajectory = insert_trajectory(db, TODAY - timedelta(days=10) + timedelta(hours=1))
     config = tmp_path / "config.yaml"
     config.write_text(f"database_url: {database_url}\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "apprentice.cli", "db", "history", "-c", str(config), "--retention-days", "5"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = db_history(config, "--retention-days", "5")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["dropped"] == [name] and result["rows_dropped"] == 2
     assert name not in [p["name"] for p in result["partitions"]]
     assert where(db, trajectory) == []
-    refused = subprocess.run(
-        [sys.executable, "-m", "apprentice.cli", "db", "history", "-c", str(config), "--retention-days", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    listed = db_history(config, "--list")
+    assert listed.returncode == 0 and "dropped" not in json.loads(listed.stdout)
+    refused = db_history(config, "--retention-days", "0")
     assert refused.returncode == 2 and "retention-days" in refused.stderr
