@@ -23,6 +23,7 @@ from apprentice.grouping import JUDGE_TRAJECTORY_PREFIX
 from apprentice.promotion.takeover import _ARM_CALLS
 from gateway.endpoints.responses.history import _STORED
 from gateway.store.calls import _CREATE_INCOMING, _FIND_MERGES, _INSERT_CALLS, _SETTLE_PENDING, copy_payload
+from learner.jobs.distill import _TEACHER_CALLS
 from learner.jobs.selection import _CALLS, _NEW_GROUPS, _REWARDED, _WAITING
 from tests.conftest import _admin, _with_database
 
@@ -181,10 +182,12 @@ def selection_params(**extra: Any) -> dict[str, Any]:
 
 def test_learner_selection_reads_a_runs_calls_through_the_trajectory_index(history_db: str) -> None:
     # a run's trajectories, the newest first: only the partitions since the oldest one's first call
-    scans = assert_indexed(plan(history_db, _CALLS, {"ids": trajectory_ids(history_db, 100, offset=3000)}))
-    read = {name for _, name in scans}
-    # its days, the day of slack before them, DEFAULT: not the older days
-    assert len(read) <= 4 and len(read) < filled_partitions(history_db) - 3, scans
+    # (distillation's teacher calls are the same read, with the deployment's columns)
+    for calls in (_CALLS, _TEACHER_CALLS):
+        scans = assert_indexed(plan(history_db, calls, {"ids": trajectory_ids(history_db, 100, offset=3000)}))
+        read = {name for _, name in scans}
+        # its days, the day of slack before them, DEFAULT: not the older days
+        assert len(read) <= 4 and len(read) < filled_partitions(history_db) - 3, (calls, scans)
     for query in (_WAITING, _NEW_GROUPS):  # the first call of each trajectory, per trajectory
         assert_indexed(plan(history_db, query, selection_params()))
     # Each trajectory's first call is looked up only in the partitions of its own days (bounded by

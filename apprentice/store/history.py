@@ -5,21 +5,29 @@ it that way, run by every gateway process (gateway/history.py) and by `apprentic
 
 - **Creation.** Partitions exist `create_ahead_days` past now, so a shipped call never waits on
   DDL. Each new partition starts where the last one ends (bounds stay contiguous even when the
-  interval setting changes). Rows that had landed in the DEFAULT partition inside the new range
-  (a clock far ahead) are moved into it first, or PostgreSQL would refuse the new range.
+  interval setting changes). The new table is made on its own and then ATTACHed, which takes
+  only SHARE UPDATE EXCLUSIVE on `calls` (inserts and reads go on; `CREATE TABLE ... PARTITION
+  OF` would take ACCESS EXCLUSIVE). Rows that had landed in DEFAULT inside the new range (a
+  clock far ahead) are moved into it first, and a CHECK on DEFAULT excluding the range, validated
+  before the ATTACH, spares the ATTACH its scan of DEFAULT under ACCESS EXCLUSIVE. A range that
+  overlaps another partition (gateways with different intervals during a rollout) is skipped.
 - **Retention.** A partition whose whole range is older than `retention_days` is detached and
   dropped, after the rows still needed are copied back into `calls`, where they land in the
   DEFAULT partition (no range covers them any more). Kept: calls of trajectories rewarded but
-  not yet trained on, and calls of trajectories that trained the promoted and canary versions
-  and their ancestors (the serving lineage: what an audit or a rebuild of the adapter needs).
+  not yet trained on, of trajectories trained by a run still running, and of trajectories that
+  trained the promoted, canary and candidate versions and their ancestors (the serving lineage
+  and what is about to serve: what an audit, a review or a rebuild of the adapter needs).
   Old rows in the DEFAULT partition that are no longer needed are deleted row by row (it only
   ever holds kept rows and strays, so it stays small).
 
 Several gateway processes run this at once: every transaction first takes one advisory lock
 without waiting and does nothing when another process holds it; DDL waits at most
 `lock_timeout_s` for its table lock (a long dashboard query then delays a pass, never the
-shipper for long), and a pass that gives up is simply run again by the next one. While a
-partition is detached the shipper's inserts wait; the journal holds the calls meanwhile.
+shipper for long), and a pass that gives up, on a lock timeout or as the victim PostgreSQL picks
+in a deadlock, is simply run again by the next one. Retention locks `calls` before its
+partitions, the order of every writer's UPDATE, so it waits on writers and they on it, never in
+a cycle. While a partition is dropped the shipper's inserts wait; the journal holds the calls
+meanwhile.
 """
 
 from __future__ import annotations
@@ -50,23 +58,32 @@ WHERE i.inhparent = 'calls'::regclass
 _BOUND = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
 
 # Trajectories whose calls retention keeps (see the module docstring). Runs of the serving
-# versions and of their ancestors; a trajectory is matched by its root id (calls move to the
-# root trajectory when stitched).
+# versions, of the candidates about to serve (waiting for review or for their canary) and of
+# their ancestors, and runs still training; a trajectory is matched by its root id (calls move to
+# the root trajectory when stitched).
 _KEPT_TRAJECTORIES = """
 WITH RECURSIVE lineage AS (
     SELECT v.id, v.parent_version_id, v.training_run_id FROM adapter_versions v
-    WHERE v.status IN ('promoted', 'canary')
+    WHERE v.status IN ('promoted', 'canary', 'candidate')
     UNION
     SELECT p.id, p.parent_version_id, p.training_run_id
     FROM adapter_versions p JOIN lineage l ON p.id = l.parent_version_id
+), kept_runs AS (
+    SELECT training_run_id AS id FROM lineage WHERE training_run_id IS NOT NULL
+    UNION
+    SELECT r.id FROM training_runs r WHERE r.status = 'running'
 )
-SELECT t.id FROM trajectories t
-WHERE t.trained_in_run_id IN (SELECT training_run_id FROM lineage WHERE training_run_id IS NOT NULL)
+SELECT t.id FROM trajectories t WHERE t.trained_in_run_id IN (SELECT id FROM kept_runs)
 UNION
 SELECT t.id FROM trajectories t
 WHERE t.trained_in_run_id IS NULL AND t.merged_into IS NULL AND t.trainable
   AND EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id AND r.status = 'linked'
               AND r.superseded_at IS NULL)
+"""
+
+_ATTACHED = """
+SELECT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+               WHERE i.inhparent = 'calls'::regclass AND c.relname = %s)
 """
 
 
@@ -165,47 +182,129 @@ async def _locked(cursor: psycopg.AsyncCursor[Any], settings: HistorySettings) -
     )
 
 
-async def _create(cursor: psycopg.AsyncCursor[Any], lower: datetime, upper: datetime) -> int:
-    """Create one partition; rows already in DEFAULT inside its range are moved into it."""
-    name = sql.Identifier(partition_name(lower))
-    bounds = sql.SQL("FOR VALUES FROM ({}) TO ({})").format(sql.Literal(lower), sql.Literal(upper))
-    await cursor.execute(
-        "SELECT count(*) FROM calls_default WHERE created_at >= %s AND created_at < %s", (lower, upper)
-    )
+async def _attached(cursor: psycopg.AsyncCursor[Any], name: str) -> bool:
+    await cursor.execute(_ATTACHED, (name,))
     row = await cursor.fetchone()
-    strays = int(row[0]) if row else 0
-    if strays == 0:
-        await cursor.execute(sql.SQL("CREATE TABLE {} PARTITION OF calls {}").format(name, bounds))
-        return 0
-    await cursor.execute(sql.SQL("CREATE TABLE {} (LIKE calls INCLUDING DEFAULTS INCLUDING CONSTRAINTS)").format(name))
+    return bool(row and row[0])
+
+
+def _excluded(name: str) -> sql.Identifier:
+    """The CHECK on DEFAULT that excludes a range about to be attached (dropped once attached)."""
+    return sql.Identifier(f"{name}_excluded")
+
+
+async def _prepare(cursor: psycopg.AsyncCursor[Any], name: str, lower: datetime, upper: datetime) -> int:
+    """First transaction of a creation: the new table on its own, DEFAULT's rows of its range
+    moved into it, and a NOT VALID CHECK on DEFAULT that keeps further rows of the range out.
+
+    Nothing here locks `calls` itself; DEFAULT is locked only for the (small) move and the
+    catalog change. Idempotent: a creation interrupted between its two transactions is redone."""
+    table = sql.Identifier(name)
+    await cursor.execute(
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} (LIKE calls INCLUDING DEFAULTS INCLUDING CONSTRAINTS)").format(table)
+    )
+    # The table's own bound as a CHECK: ATTACH then skips scanning it (rows moved in are checked here).
+    await cursor.execute(
+        sql.SQL(
+            "ALTER TABLE {} DROP CONSTRAINT IF EXISTS {}, "
+            "ADD CONSTRAINT {} CHECK (created_at >= {} AND created_at < {})"
+        ).format(
+            table,
+            sql.Identifier(f"{name}_bound"),
+            sql.Identifier(f"{name}_bound"),
+            sql.Literal(lower),
+            sql.Literal(upper),
+        )
+    )
     await cursor.execute(
         sql.SQL(
             "WITH moved AS (DELETE FROM calls_default WHERE created_at >= {} AND created_at < {} RETURNING *) "
             "INSERT INTO {} SELECT * FROM moved"
-        ).format(sql.Literal(lower), sql.Literal(upper), name)
+        ).format(sql.Literal(lower), sql.Literal(upper), table)
     )
-    await cursor.execute(sql.SQL("ALTER TABLE calls ATTACH PARTITION {} {}").format(name, bounds))
-    return strays
+    moved = max(cursor.rowcount, 0)
+    await cursor.execute(
+        sql.SQL(
+            "ALTER TABLE calls_default DROP CONSTRAINT IF EXISTS {}, "
+            "ADD CONSTRAINT {} CHECK (created_at < {} OR created_at >= {}) NOT VALID"
+        ).format(_excluded(name), _excluded(name), sql.Literal(lower), sql.Literal(upper))
+    )
+    return moved
+
+
+async def _attach(cursor: psycopg.AsyncCursor[Any], name: str, lower: datetime, upper: datetime) -> None:
+    """Second transaction of a creation: validate DEFAULT's CHECK (a scan under SHARE UPDATE
+    EXCLUSIVE: reads and writes go on), then ATTACH, which takes SHARE UPDATE EXCLUSIVE on
+    `calls` (the shipper's inserts go on) and, with the CHECKs proving both sides, scans nothing.
+    The CHECKs are redundant with the partition bounds once attached and are dropped."""
+    table = sql.Identifier(name)
+    await cursor.execute(sql.SQL("ALTER TABLE calls_default VALIDATE CONSTRAINT {}").format(_excluded(name)))
+    await cursor.execute(
+        sql.SQL("ALTER TABLE calls ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
+            table, sql.Literal(lower), sql.Literal(upper)
+        )
+    )
+    await cursor.execute(sql.SQL("ALTER TABLE calls_default DROP CONSTRAINT {}").format(_excluded(name)))
+    await cursor.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(table, sql.Identifier(f"{name}_bound")))
+
+
+async def _abandon(connection: psycopg.AsyncConnection[Any], settings: HistorySettings, name: str) -> None:
+    """Undo a prepared creation that cannot be attached (its range overlaps another partition):
+    its rows go back to DEFAULT, DEFAULT's CHECK and the table go."""
+    async with connection.transaction(), connection.cursor() as cursor:
+        await _locked(cursor, settings)
+        if await _attached(cursor, name):
+            return
+        await cursor.execute(sql.SQL("ALTER TABLE calls_default DROP CONSTRAINT IF EXISTS {}").format(_excluded(name)))
+        await cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
+        row = await cursor.fetchone()
+        if row and row[0]:
+            await cursor.execute(sql.SQL("INSERT INTO calls SELECT * FROM {}").format(sql.Identifier(name)))
+            await cursor.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))
 
 
 async def create_ahead(
     connection: psycopg.AsyncConnection[Any], settings: HistorySettings, now: datetime, report: MaintenanceReport
 ) -> None:
-    """Create the partitions missing up to now + create_ahead_days, one transaction each."""
+    """Create the partitions missing up to now + create_ahead_days, two transactions each.
+
+    A range that overlaps an existing partition (gateways with different `partition_interval`
+    during a rollout, each planning from its own listing) is abandoned and logged; the others'
+    partitions cover it."""
     until = now + timedelta(days=settings.create_ahead_days)
     interval = interval_of(settings.partition_interval)
     for lower, upper in planned(await partitions(connection), interval, until, now):
-        async with connection.transaction():
-            async with connection.cursor() as cursor:
-                await _locked(cursor, settings)
-                # Another process may have made it between our listing and our lock.
-                await cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (partition_name(lower),))
-                row = await cursor.fetchone()
-                if row and row[0]:
-                    continue
-                report.moved_from_default += await _create(cursor, lower, upper)
-                report.created.append(partition_name(lower))
-                log.info("history: created partition %s [%s, %s)", partition_name(lower), lower, upper)
+        await create_partition(connection, settings, lower, upper, report)
+
+
+async def create_partition(
+    connection: psycopg.AsyncConnection[Any],
+    settings: HistorySettings,
+    lower: datetime,
+    upper: datetime,
+    report: MaintenanceReport,
+) -> None:
+    """Create and attach the partition [lower, upper), unless another process did."""
+    name = partition_name(lower)
+    async with connection.transaction(), connection.cursor() as cursor:
+        await _locked(cursor, settings)
+        # Another process may have made it between our listing and our lock.
+        if await _attached(cursor, name):
+            return
+        moved = await _prepare(cursor, name, lower, upper)
+    try:
+        async with connection.transaction(), connection.cursor() as cursor:
+            await _locked(cursor, settings)
+            if await _attached(cursor, name):
+                return
+            await _attach(cursor, name, lower, upper)
+    except psycopg.errors.InvalidObjectDefinition as exc:  # "would overlap partition"
+        log.warning("history: partition %s [%s, %s) not created: %s", name, lower, upper, exc)
+        await _abandon(connection, settings, name)
+        return
+    report.moved_from_default += moved
+    report.created.append(name)
+    log.info("history: created partition %s [%s, %s)", name, lower, upper)
 
 
 async def _drop(cursor: psycopg.AsyncCursor[Any], partition: Partition) -> tuple[int, int]:
@@ -213,8 +312,12 @@ async def _drop(cursor: psycopg.AsyncCursor[Any], partition: Partition) -> tuple
 
     Returns (rows dropped, rows kept)."""
     name = sql.Identifier(partition.name)
-    # New rows for this range (a late journal) wait until the partition is gone, then land in DEFAULT.
-    await cursor.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(name))
+    # The parent first, then every partition (LOCK TABLE recurses in that order): the order in
+    # which an UPDATE of calls without a time bound (the stitcher, a deletion) takes its locks,
+    # so the two wait on each other at most lock_timeout, never in a cycle. Locking the old
+    # partition first and then needing calls for the DETACH deadlocked with those UPDATEs. A
+    # late journal line for this range waits, then lands in DEFAULT once the partition is gone.
+    await cursor.execute("LOCK TABLE calls IN ACCESS EXCLUSIVE MODE")
     await cursor.execute("CREATE TEMP TABLE IF NOT EXISTS kept_trajectories (id uuid PRIMARY KEY) ON COMMIT DROP")
     await cursor.execute(f"INSERT INTO kept_trajectories {_KEPT_TRAJECTORIES} ON CONFLICT DO NOTHING")
     await cursor.execute(
@@ -261,9 +364,7 @@ async def apply_retention(
         async with connection.transaction():
             async with connection.cursor() as cursor:
                 await _locked(cursor, settings)
-                await cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (partition.name,))
-                row = await cursor.fetchone()
-                if not row or not row[0]:
+                if not await _attached(cursor, partition.name):
                     continue  # dropped by another process since our listing
                 dropped, kept = await _drop(cursor, partition)
         report.dropped.append(partition.name)
@@ -302,7 +403,9 @@ async def maintain(
         await apply_retention(connection, settings, now, report)
     except AnotherMaintainer:
         report.skipped = "another process is maintaining the partitions"
-    except psycopg.errors.LockNotAvailable as exc:
-        report.skipped = f"lock timeout: {exc.diag.message_primary}"
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
+        # A lock not had in time, or a cycle with a writer that PostgreSQL broke by cancelling
+        # this transaction: nothing was half done (one transaction per step); the next pass retries.
+        report.skipped = f"lock not available: {exc.diag.message_primary}"
         log.warning("history: maintenance stopped early, tried again next pass (%s)", report.skipped)
     return report

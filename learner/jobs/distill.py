@@ -54,17 +54,29 @@ from learner.jobs.run import (
     learner_database_url,
     with_policy_lock,
 )
-from learner.jobs.selection import _REWARDED, Candidate, RewardPlan, Selection, assign_rewards, build_candidate
+from learner.jobs.selection import (
+    _REWARDED,
+    Candidate,
+    RewardPlan,
+    Selection,
+    _without_jit,
+    assign_rewards,
+    build_candidate,
+)
 from learner.jobs.selection import load_versions as _load_versions
 from learner.jobs.session import PolicyTrainer, training_threads
 
 log = logging.getLogger(__name__)
 
-# Calls rows with the deployment that answered (selection's own query leaves it out).
+# Calls rows with the deployment that answered (selection's own query leaves it out). Bounded
+# by the trajectories' oldest first call like selection's _CALLS, so that PostgreSQL reads only
+# the partitions since then (calls is partitioned by created_at, docs/history.md).
 _TEACHER_CALLS = """
 SELECT c.trajectory_id::text AS trajectory_id, c.status_code, c.upstream, c.upstream_model,
        c.adapter_version_id::text AS version, c.temperature, c.request, c.response
 FROM calls c WHERE c.trajectory_id = ANY(%(ids)s::uuid[])
+  AND c.created_at >= (SELECT min(t.first_call_at) - interval '1 day' FROM trajectories t
+                       WHERE t.id = ANY(%(ids)s::uuid[]))
 ORDER BY c.trajectory_id, c.created_at, c.id
 """
 
@@ -131,7 +143,8 @@ def select_teacher_data(connection: psycopg.Connection[Any], policy: PolicySetti
         raise ValueError(f"policy {policy.name!r} names no teacher")
     plan = RewardPlan.of(policy)
     learning = policy.learning
-    with connection.cursor(row_factory=dict_row) as cursor:
+    with connection.transaction(), connection.cursor(row_factory=dict_row) as cursor:
+        _without_jit(cursor)  # a plan over every partition is costed high enough to JIT-compile
         cursor.execute("SELECT extract(epoch FROM now())::float8 AS now")
         clock = cursor.fetchone()
         assert clock is not None
