@@ -36,9 +36,12 @@ def train_sft_distributed(
     device = context.device()  # not the model's: under FSDP it is loaded on the CPU, its shards move
     wrapped = wrap(FullLogits(model), model, context)
     fsdp = context.strategy == "fsdp"
-    if fsdp:  # the parameters are now shards: an optimizer of the same kind over those
+    if fsdp:  # the parameters are now shards: an AdamW with the lineage's settings over those
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = type(optimizer)(params, **optimizer.defaults)
+        # Not type(optimizer)(params, **defaults): AdamW's defaults hold `decoupled_weight_decay`,
+        # which its constructor refuses (torch >= 2.8).
+        settings = {key: optimizer.defaults[key] for key in ("lr", "betas", "eps", "weight_decay", "amsgrad")}
+        optimizer = torch.optim.AdamW(params, **settings)
     step_backward = _ShareBackward(wrapped, context, config.micro_batch_size, pad_token_id, device, fsdp)
     result = train_sft(model, optimizer, segments, config, pad_token_id, step_backward=step_backward)
     return result, full_trainable_state(model) if fsdp else None
