@@ -251,7 +251,15 @@ class KubernetesJobSettings(BaseModel):
     shm_size: str | None = "16Gi"
     # Finished Jobs are deleted by Kubernetes after this long (the launcher also deletes the ones it waited for).
     ttl_seconds_after_finished: int = Field(default=3600, ge=0)
-    active_deadline_s: int | None = Field(default=None, ge=1)
+    # Kubernetes fails the Job (and stops its pod) after this long, pending time included: a hung
+    # run (a stuck collective) cannot hold the scheduler forever. None: no deadline.
+    active_deadline_s: int | None = Field(default=86400, ge=1)
+    # A Job whose pod is not running (no ready, succeeded or failed pod) this long after its
+    # creation (no GPU node, an image that cannot be pulled) is deleted and its run ends failed.
+    start_timeout_s: float = Field(default=1800.0, gt=0)
+    # How long reads and deletes are retried (with backoff) through API errors (5xx, 429, a
+    # rotated token's 401, a reset connection) before the launcher gives the run up.
+    api_retry_s: float = Field(default=300.0, ge=0)
     poll_s: float = Field(default=5.0, gt=0)
     # The API server: in a pod, the in-cluster service account (KUBERNETES_SERVICE_HOST, its token and
     # CA); else `kubeconfig` (default $KUBECONFIG, then ~/.kube/config) and its `context`.

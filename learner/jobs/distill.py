@@ -301,7 +301,10 @@ def _train_and_record(
             metrics["ranks"] = trainer.distributed.world_size
             metrics["distributed"] = trainer.distributed.strategy
         metrics["train"] = result.as_metrics()
-        metrics["optimizer_steps_total"] = trainer.optimizer_steps()
+        # Under FSDP the steps were taken by an optimizer over the shards, made fresh for this run
+        # (learner/distributed/sft.py): the lineage's optimizer took none of them.
+        fsdp = trainer.distributed is not None and trainer.distributed.strategy == "fsdp"
+        metrics["optimizer_steps_total"] = result.optimizer_steps if fsdp else trainer.optimizer_steps()
         if result.optimizer_steps == 0:
             with connection.transaction():
                 _finish_run(connection, run_id, "skipped", error="no trainable teacher sample", metrics=metrics)

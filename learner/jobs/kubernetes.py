@@ -7,6 +7,19 @@ then delete the Job (and its pods). `ttlSecondsAfterFinished` makes Kubernetes c
 of a learner that died while waiting. `backoffLimit` is 0: a failed run is not retried by
 Kubernetes (its row says why; the scheduler starts the next run on its own terms, with a new id).
 
+The scheduler runs one run at a time, so a Job that never ends must not hold it:
+- a Job with no ready, succeeded or failed pod `start_timeout_s` after its creation (no node has
+  a free GPU, the image cannot be pulled) is deleted and its run recorded as failed; the Job's
+  status alone tells this (`ready` counts pods whose containers run; a pending pod is `active`
+  but not ready), so the learner needs no access to pods;
+- `active_deadline_s` (a day by default) makes Kubernetes fail a Job that runs too long;
+- reads and deletes are retried with backoff for `api_retry_s` through 5xx, 429, a reset
+  connection and a 401 (the token file is read again: bound tokens rotate); past that the
+  launcher deletes the Job and records the run as failed rather than leave a Job no one waits
+  for;
+- a create whose answer is lost (a timeout or a reset after the server stored the Job) is
+  settled by reading the Job by its name (unique per run) before calling the run failed.
+
 The API is spoken with httpx (already a core dependency): four calls (create, read, delete a
 Job; nothing else) do not justify the `kubernetes` client's generated models and its urllib3
 stack. Credentials: inside a pod, the service account's token (re-read for every request: bound
@@ -30,6 +43,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +51,7 @@ import httpx
 import yaml
 
 from apprentice.settings import KubernetesJobSettings, PolicySettings
-from learner.jobs.launchers import one_run_arguments, run_outcome
+from learner.jobs.launchers import one_run_arguments, record_failed_launch, run_outcome
 from learner.jobs.run import RunOutcome
 
 log = logging.getLogger(__name__)
@@ -50,6 +64,35 @@ POLICY_ANNOTATION = "apprentice.dev/policy-name"
 
 class KubernetesError(RuntimeError):
     """The API refused a request or could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status; None when no answer came (connection, timeout)
+
+    @property
+    def transient(self) -> bool:
+        """An error that trying again may cure: no answer, throttling or a server-side failure."""
+        return self.status is None or self.status == 429 or self.status >= 500
+
+
+class JobNotStarted(RuntimeError):
+    """The Job's pod did not start within `start_timeout_s`."""
+
+
+class Backoff:
+    """Exponential delays within a time budget: bounded retries."""
+
+    def __init__(self, budget_s: float, first_s: float = 0.5, most_s: float = 30.0) -> None:
+        self.deadline = time.monotonic() + budget_s
+        self.delay, self.most_s = first_s, most_s
+
+    def wait(self) -> bool:
+        """Sleep before the next try; False (without sleeping) when the budget has no room for one."""
+        if time.monotonic() + self.delay > self.deadline:
+            return False
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, self.most_s)
+        return True
 
 
 @dataclass
@@ -146,10 +189,11 @@ def credentials_for(settings: KubernetesJobSettings) -> Credentials:
 
 
 class JobsAPI:
-    """batch/v1 Jobs of one namespace."""
+    """batch/v1 Jobs of one namespace. Reads and deletes (idempotent) are retried for `retry_s`;
+    a create is tried once: only the caller can tell whether a lost answer created the Job."""
 
-    def __init__(self, credentials: Credentials, namespace: str, timeout_s: float = 30.0) -> None:
-        self.credentials = credentials
+    def __init__(self, credentials: Credentials, namespace: str, timeout_s: float = 30.0, retry_s: float = 0.0) -> None:
+        self.credentials, self.retry_s = credentials, retry_s
         self.base = f"{credentials.server}/apis/batch/v1/namespaces/{namespace}/jobs"
         self.client = httpx.Client(verify=credentials.verify, cert=credentials.cert, timeout=timeout_s)
 
@@ -157,21 +201,48 @@ class JobsAPI:
         try:
             response = self.client.request(method, url, headers=self.credentials.headers(), **kwargs)
         except httpx.HTTPError as exc:
-            raise KubernetesError(f"{method} {url}: {exc}") from exc
+            raise KubernetesError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
-            raise KubernetesError(f"{method} {url}: {response.status_code} {_message(response)}")
+            raise KubernetesError(f"{method} {url}: {response.status_code} {_message(response)}", response.status_code)
         body: dict[str, Any] = response.json()
         return body
+
+    def retryable(self, error: KubernetesError) -> bool:
+        """Transient errors, and a 401 when the token comes from a file (it may have rotated)."""
+        return error.transient or (error.status == 401 and self.credentials.token_file is not None)
+
+    def _retried(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
+        backoff = Backoff(self.retry_s)
+        while True:
+            try:
+                return self._request(method, url, **kwargs)
+            except KubernetesError as exc:
+                if not self.retryable(exc) or not backoff.wait():
+                    raise
+                log.warning("%s (trying again)", exc)
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return self._request("POST", self.base, json=manifest)
 
     def read(self, name: str) -> dict[str, Any]:
-        return self._request("GET", f"{self.base}/{name}")
+        return self._retried("GET", f"{self.base}/{name}")
+
+    def find(self, name: str) -> dict[str, Any] | None:
+        """The Job, or None when there is none of that name."""
+        try:
+            return self.read(name)
+        except KubernetesError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def delete(self, name: str) -> None:
-        """Delete the Job and, in the background, its pods."""
-        self._request("DELETE", f"{self.base}/{name}", json={"propagationPolicy": "Background"})
+        """Delete the Job and, in the background, its pods; a Job already gone is no error."""
+        try:
+            self._retried("DELETE", f"{self.base}/{name}", json={"propagationPolicy": "Background"})
+        except KubernetesError as exc:
+            if exc.status != 404:
+                raise
 
     def close(self) -> None:
         self.client.close()
@@ -266,6 +337,22 @@ def finished(job: dict[str, Any]) -> str | None:
     return None
 
 
+def started(job: dict[str, Any]) -> bool:
+    """Whether the Job's pod has run: a ready, succeeded or failed pod. A pending pod (no node
+    for it, its image not pulled) counts as `active` but not `ready`. Before Kubernetes 1.24 the
+    status has no `ready`; there `active` is all there is to go by."""
+    status = job.get("status") or {}
+    if status.get("succeeded") or status.get("failed") or finished(job):
+        return True
+    if "ready" in status:
+        return bool(status["ready"])
+    return bool(status.get("active"))
+
+
+def run_label(job: dict[str, Any]) -> str | None:
+    return ((job.get("metadata") or {}).get("labels") or {}).get(RUN_LABEL)
+
+
 class KubernetesLauncher:
     """One Job per run; see the module docstring."""
 
@@ -279,24 +366,23 @@ class KubernetesLauncher:
     @property
     def jobs(self) -> JobsAPI:
         if self._jobs is None:  # credentials are read when first needed: a learner starts without a cluster
-            self._jobs = JobsAPI(credentials_for(self.kube), self.kube.namespace)
+            self._jobs = JobsAPI(credentials_for(self.kube), self.kube.namespace, retry_s=self.kube.api_retry_s)
         return self._jobs
 
     def launch(self, trigger: str) -> RunOutcome:
         run_id = str(uuid.uuid4())
         manifest = job_manifest(self.policy, trigger, run_id)
         name = manifest["metadata"]["name"]
+        created_at = datetime.now(timezone.utc)
         try:
-            self.jobs.create(manifest)
+            self._create(manifest, run_id)
         except KubernetesError as exc:
             return RunOutcome("failed", self.policy.name, error=f"creating Job {name}: {exc}")
         log.info("policy %s: run %s in Job %s/%s", self.policy.name, run_id, self.kube.namespace, name)
         try:
             result = self._wait(name)
-        except KubernetesError as exc:  # the Job may still run; its row will say how it ended
-            return run_outcome(
-                self.url, self.policy.name, run_id, RunOutcome("failed", self.policy.name, error=str(exc))
-            )
+        except (KubernetesError, JobNotStarted) as exc:
+            return self._give_up(name, run_id, trigger, created_at, exc)
         fallback = RunOutcome(
             "failed",
             self.policy.name,
@@ -310,10 +396,64 @@ class KubernetesLauncher:
             log.warning("deleting finished Job %s: %s", name, exc)
         return outcome
 
-    def _wait(self, name: str) -> str:
-        """Poll the Job until it finishes; "Complete" or "Failed"."""
+    def _create(self, manifest: dict[str, Any], run_id: str) -> None:
+        """Create the Job. When the answer is an error that may hide a stored Job (none came, a
+        5xx, a 409 after such a try), the Job is looked up by its name: if it is this run's, it
+        was created; if there is none, the create is tried again (within `api_retry_s`)."""
+        name = manifest["metadata"]["name"]
+        backoff = Backoff(self.kube.api_retry_s)
         while True:
-            state = finished(self.jobs.read(name))
+            try:
+                self.jobs.create(manifest)
+                return
+            except KubernetesError as exc:
+                if not (exc.transient or exc.status == 409):
+                    raise
+                error = exc
+            existing = self.jobs.find(name)
+            if existing is not None:
+                if run_label(existing) != run_id:
+                    raise KubernetesError(f"Job {name} exists and belongs to run {run_label(existing)}", 409)
+                log.warning("creating Job %s: %s; the Job was created nonetheless", name, error)
+                return
+            if not backoff.wait():
+                raise error
+            log.warning("creating Job %s: %s (trying again)", name, error)
+
+    def _wait(self, name: str) -> str:
+        """Poll the Job until it finishes; "Complete" or "Failed". Raises JobNotStarted when its
+        pod has not started within `start_timeout_s`, KubernetesError when the API stays
+        unreachable past `api_retry_s` or the Job is gone."""
+        deadline = time.monotonic() + self.kube.start_timeout_s
+        running = False
+        while True:
+            job = self.jobs.read(name)
+            state = finished(job)
             if state is not None:
                 return state
+            running = running or started(job)
+            if not running and time.monotonic() > deadline:
+                status = job.get("status") or {}
+                counts = f"active {status.get('active', 0)}, ready {status.get('ready', 0)}"
+                raise JobNotStarted(
+                    f"Job {name}: no pod started within {self.kube.start_timeout_s:g} s ({counts}): no node can "
+                    "take it (GPUs, node_selector, tolerations) or its "
+                    "image cannot be pulled; see `kubectl describe pods -l "
+                    f"{RUN_LABEL}={run_label(job)}`"
+                )
             time.sleep(self.kube.poll_s)
+
+    def _give_up(
+        self, name: str, run_id: str, trigger: str, created_at: datetime, reason: KubernetesError | JobNotStarted
+    ) -> RunOutcome:
+        """Stop waiting for a Job: delete it (its pod, if any, ends its row on SIGTERM) and record
+        the run as failed, so that neither the Job nor a `running` row outlives the wait."""
+        error = f"{type(reason).__name__}: {reason}"
+        log.error("policy %s: giving run %s up: %s", self.policy.name, run_id, error)
+        try:
+            self.jobs.delete(name)
+        except KubernetesError as exc:  # active_deadline_s ends it, if set
+            log.error("deleting Job %s: %s", name, exc)
+            error += f" (deleting the Job failed too: {exc})"
+        record_failed_launch(self.url, self.policy.name, run_id, trigger, created_at, error)
+        return run_outcome(self.url, self.policy.name, run_id, RunOutcome("failed", self.policy.name, error=error))

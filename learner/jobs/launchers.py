@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import uuid
+from datetime import datetime
 from typing import Any, Protocol
 
 import psycopg
@@ -79,6 +80,24 @@ def run_outcome(database_url: str, policy: str, run_id: str, fallback: RunOutcom
         error=row["error"] or fallback.error if status == "failed" else row["error"],
         metrics=row["metrics"] or {},
     )
+
+
+def record_failed_launch(
+    database_url: str, policy: str, run_id: str, trigger: str, started_at: datetime, error: str
+) -> None:
+    """End run `run_id` as failed with `error` when its process never ended it: the row is written
+    when the run never began (a pod that never started), else closed if still `running` (a run
+    the launcher gave up waiting for). A row the run already closed is left as it is."""
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO training_runs (id, policy, status, trigger, started_at, finished_at, duration_s, error) "
+            "VALUES (%(id)s, %(policy)s, 'failed', %(trigger)s, %(started)s, now(), "
+            "extract(epoch FROM now() - %(started)s), %(error)s) "
+            "ON CONFLICT (id) DO UPDATE SET status = 'failed', finished_at = now(), error = EXCLUDED.error, "
+            "duration_s = extract(epoch FROM now() - training_runs.started_at) "
+            "WHERE training_runs.status = 'running'",
+            {"id": run_id, "policy": policy, "trigger": trigger, "started": started_at, "error": error},
+        )
 
 
 class InProcessLauncher:

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from apprentice.settings import Settings
 from learner.distributed.sharding import split_step
-from learner.jobs.kubernetes import job_manifest
+from learner.jobs.kubernetes import KubernetesLauncher, job_manifest, started
 from learner.jobs.scheduler import Learner
 from tests.learner.fake_kubernetes import FakeCluster, FakeKubernetesAPI
 from tests.learner.test_grpo_run import populate, settings_for, trained
@@ -40,7 +40,8 @@ def write_config(path: Path, settings, *, with_database: bool) -> Path:
     return path
 
 
-def write_kubeconfig(path: Path, server: str, token: str) -> Path:
+def write_kubeconfig(path: Path, server: str, token: str, token_file: Path | None = None) -> Path:
+    user = {"tokenFile": str(token_file)} if token_file else {"token": token}
     path.write_text(
         yaml.safe_dump(
             {
@@ -48,7 +49,7 @@ def write_kubeconfig(path: Path, server: str, token: str) -> Path:
                 "kind": "Config",
                 "current-context": "test",
                 "clusters": [{"name": "fake", "cluster": {"server": server}}],
-                "users": [{"name": "learner", "user": {"token": token}}],
+                "users": [{"name": "learner", "user": user}],
                 "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "learner"}}],
             }
         )
@@ -92,8 +93,8 @@ def test_a_run_under_torchrun_writes_one_adapter_version_and_one_row(database_ur
     assert trained(db, ids["useful"]) == [run_id] * 4
 
 
-def kube_settings(database_url, tmp_path, base, api_url, **kube):
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api_url, TOKEN)
+def kube_settings(database_url, tmp_path, base, api_url, token_file=None, **kube):
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api_url, TOKEN, token_file)
     config_path = tmp_path / "config.yaml"
     section = {
         "image": "registry.example/apprentice-learner:1.0",
@@ -196,6 +197,113 @@ def test_the_job_template_asks_for_the_gpus_of_its_processes(tmp_path, base):
         settings_for("postgresql://x@127.0.0.1/db", tmp_path, base, launcher="kubernetes")
 
 
+# The launcher's waiting, against a cluster that misbehaves: the pod is a stand-in that writes
+# the run's row as one_run would (no model, no training), so each test takes about a second.
+
+
+def stand_in(status: str = "succeeded", sleep_s: float = 0.0) -> str:
+    """Python run in place of the pod's command: write run --run-id's row with `status`, then sleep."""
+    return (
+        "import os, sys, time, psycopg\n"
+        "run_id = sys.argv[sys.argv.index('--run-id') + 1]\n"
+        "with psycopg.connect(os.environ['APPRENTICE_DATABASE_URL'], autocommit=True) as c:\n"
+        "    c.execute(\"INSERT INTO training_runs (id, policy, status, trigger) VALUES (%s, 'p', %s, 'stand-in')\", "
+        f"(run_id, {status!r}))\n"
+        f"time.sleep({sleep_s})\n"
+    )
+
+
+def stand_in_cluster(database_url: str, tmp_path: Path, **faults) -> FakeCluster:
+    secrets = {"apprentice-db": {"APPRENTICE_DATABASE_URL": database_url}}
+    return FakeCluster(TOKEN, secrets=secrets, log_dir=tmp_path, stand_in=stand_in(), **faults)
+
+
+def launch(database_url: str, tmp_path: Path, api: FakeKubernetesAPI, **kube):
+    settings = kube_settings(database_url, tmp_path, str(tmp_path / "no-model"), api.url, poll_s=0.05, **kube)
+    return KubernetesLauncher(settings.policies[0], database_url).launch("schedule")
+
+
+def served(cluster: FakeCluster, method: str) -> int:
+    return sum(1 for sent, _, _ in cluster.requests if sent == method)
+
+
+def test_a_read_answered_503_is_tried_again(database_url, db, tmp_path):
+    cluster = stand_in_cluster(database_url, tmp_path, faults=[("GET", 503), ("GET", 503)])
+    with FakeKubernetesAPI(cluster) as api:
+        outcome = launch(database_url, tmp_path, api, api_retry_s=30)
+    assert outcome.status == "succeeded", outcome.error
+    assert not cluster.faults and served(cluster, "GET") >= 3, "both 503s were served, then a read succeeded"
+    assert cluster.deleted == list(cluster.jobs)
+
+
+def test_a_401_after_the_token_rotated_is_tried_again_with_the_new_token(database_url, db, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    cluster = stand_in_cluster(database_url, tmp_path, rotate_token=("rotated-token", token_file))
+    with FakeKubernetesAPI(cluster) as api:
+        outcome = launch(database_url, tmp_path, api, token_file=token_file, api_retry_s=30)
+    assert outcome.status == "succeeded", outcome.error
+    assert cluster.token == "rotated-token" and cluster.deleted == list(cluster.jobs)
+
+
+@pytest.mark.parametrize("fault", ["answer lost", "503"])
+def test_a_create_whose_answer_failed_is_settled_by_reading_the_job(database_url, db, tmp_path, fault):
+    """Lost answer: the Job exists, it is not created twice. 503: there is none, the create is tried again."""
+    if fault == "answer lost":
+        cluster = stand_in_cluster(database_url, tmp_path, drop_create_answer=True)
+    else:
+        cluster = stand_in_cluster(database_url, tmp_path, faults=[("POST", 503)])
+    with FakeKubernetesAPI(cluster) as api:
+        outcome = launch(database_url, tmp_path, api, api_retry_s=30)
+    assert outcome.status == "succeeded", outcome.error
+    assert served(cluster, "POST") == (1 if fault == "answer lost" else 2) and len(cluster.jobs) == 1
+    assert db.execute("SELECT count(*) FROM training_runs").fetchone() == (1,)
+    assert cluster.deleted == list(cluster.jobs)
+
+
+def test_a_job_whose_pod_never_starts_is_deleted_and_its_run_failed(database_url, db, tmp_path):
+    cluster = stand_in_cluster(database_url, tmp_path, pending=True)
+    with FakeKubernetesAPI(cluster) as api:
+        began = time.monotonic()
+        outcome = launch(database_url, tmp_path, api, start_timeout_s=1, active_deadline_s=10)
+        waited = time.monotonic() - began
+    assert outcome.status == "failed" and 1 <= waited < 10, "the launcher, not the Job's deadline, ended it"
+    assert "no pod started within 1 s" in (outcome.error or "")
+    (name,) = cluster.jobs
+    assert cluster.deleted == [name] and not cluster.processes
+    status, trigger, error, finished = db.execute(
+        "SELECT status, trigger, error, finished_at IS NOT NULL FROM training_runs WHERE id = %s", (outcome.run_id,)
+    ).fetchone()
+    assert (status, trigger, finished) == ("failed", "schedule", True)
+    assert error.startswith("JobNotStarted: ") and "ready 0" in error
+
+
+def test_an_api_failing_past_api_retry_s_ends_the_run_and_its_job(database_url, db, tmp_path):
+    """The pod runs (its row says `running`); reads fail for longer than api_retry_s: the launcher
+    deletes the Job (the pod is stopped) and closes the row as failed, saying why."""
+    cluster = stand_in_cluster(database_url, tmp_path, faults=[("GET", 503)] * 1000)
+    cluster.stand_in = stand_in("running", sleep_s=60)
+    with FakeKubernetesAPI(cluster) as api:
+        began = time.monotonic()
+        outcome = launch(database_url, tmp_path, api, api_retry_s=1)
+        waited = time.monotonic() - began
+        (process,) = cluster.processes.values()
+        assert process.wait(timeout=10) != 0, "the deleted Job's pod is stopped"
+    assert outcome.status == "failed" and waited < 10
+    assert "503" in (outcome.error or "")
+    assert cluster.deleted == list(cluster.jobs)
+    status, error = db.execute("SELECT status, error FROM training_runs WHERE id = %s", (outcome.run_id,)).fetchone()
+    assert status == "failed" and error.startswith("KubernetesError: GET ") and "503" in error
+
+
+def test_the_job_status_says_whether_its_pod_started():
+    assert not started({"status": {"active": 1, "ready": 0}}), "a pending pod is active, not ready"
+    assert started({"status": {"active": 1, "ready": 1}})
+    assert started({"status": {"failed": 1}}) and started({"status": {"succeeded": 1, "ready": 0}})
+    assert started({"status": {"active": 1}}), "before Kubernetes 1.24 (no ready): active is all there is"
+    assert not started({"status": {}}) and not started({})
+
+
 def add_teacher_trajectory(db, task: str, answer: str, reward: float) -> str:
     """A trajectory the hosted teacher answered for policy p (upstream = the teacher's model_name)."""
     trajectory = str(uuid.uuid4())
@@ -222,8 +330,12 @@ def add_teacher_trajectory(db, task: str, answer: str, reward: float) -> str:
     return trajectory
 
 
-def test_a_distillation_run_under_torchrun_trains_on_both_ranks(database_url, db, base, tmp_path, monkeypatch):
-    """A policy behind its teacher: the torchrun run is a distillation (kind sft) trained by both ranks."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_distillation_run_under_torchrun_trains_on_both_ranks(
+    database_url, db, base, tmp_path, monkeypatch, strategy
+):
+    """A policy behind its teacher: the torchrun run is a distillation (kind sft) trained by both
+    ranks. Under FSDP the steps are taken by an optimizer over the shards, and counted."""
     chosen = [
         add_teacher_trajectory(db, f"Describe item {i}.", f"In short: item {i} is useful.", 1.0) for i in range(5)
     ]
@@ -238,7 +350,13 @@ def test_a_distillation_run_under_torchrun_trains_on_both_ranks(database_url, db
                 "name": "p",
                 "base_model": base,
                 "endpoints": ["http://127.0.0.1:9/v1"],
-                "learning": {"launcher": "torchrun", "processes": 2, "micro_batch_size": 1, "grad_accumulation": 2},
+                "learning": {
+                    "launcher": "torchrun",
+                    "processes": 2,
+                    "distributed": strategy,
+                    "micro_batch_size": 1,
+                    "grad_accumulation": 2,
+                },
                 "teacher": {"model": "teacher", "distill": {"min_reward": 1.0, "top_share": None, "lr": 1e-3}},
             }
         ],
@@ -254,7 +372,9 @@ def test_a_distillation_run_under_torchrun_trains_on_both_ranks(database_url, db
     assert outcome is not None and outcome.status == "succeeded", (outcome.error, outcome.metrics)
     kind, metrics = db.execute("SELECT kind, metrics FROM training_runs WHERE id = %s", (outcome.run_id,)).fetchone()
     assert kind == "sft" and metrics["ranks"] == 2 and metrics["distill"]["chosen"] == 5
+    assert metrics["distributed"] == strategy
     assert metrics["train"]["optimizer_steps"] == 6, "5 segments, steps of 2, 2 epochs"
+    assert metrics["optimizer_steps_total"] == 6, "a fresh process: the run's steps are all its optimizer took"
     assert db.execute("SELECT count(*) FROM adapter_versions").fetchone() == (1,)
     assert trained(db, chosen) == [outcome.run_id] * 5 and trained(db, [left_out]) == [None]
 
