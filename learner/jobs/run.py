@@ -488,7 +488,10 @@ def _train_and_record(run: RunContext) -> RunOutcome:
     with trainer.attempt():
         torch.manual_seed(learning.seed)
         result = _train(run, samples, head, fresh=head is None)
-        run.metrics["optimizer_steps_total"] = trainer.optimizer_steps()
+        # Under FSDP the steps were taken by an optimizer over the shards, made fresh for this run
+        # (learner/distributed/grpo.py): the lineage's optimizer took none of them.
+        fsdp = trainer.distributed is not None and trainer.distributed.strategy == "fsdp"
+        run.metrics["optimizer_steps_total"] = result.optimizer_steps if fsdp else trainer.optimizer_steps()
         trained_ids = [sample.trajectory_id for sample in samples] if result.optimizer_steps else []
         columns = _result_columns(run, samples, trained_ids, result, head)
         if result.optimizer_steps == 0:
