@@ -22,6 +22,7 @@ import pytest
 from apprentice.store.engine import make_async_engine
 from gateway.store import rewards as rewards_store
 from gateway.store.rewards import _RECOMPUTE_GIVEN, IntakeRequest, NewReward, ingest_group
+from tests.support.rewards import trajectory_reward
 
 TRAJECTORIES = 12
 REWARDS = 600
@@ -39,23 +40,8 @@ def _reward(
     # Ties are frequent on purpose: (observed_at, seq) must break them the same way on both paths.
     # (A reward without a timestamp is observed at its transaction's now(), later than them all.)
     observed = None if rng.random() < 0.03 else base + rng.choice([0, 1, 2, 2, 3, 3, 3])
-    return NewReward(
-        id=uuid.uuid4(),
-        tenant="local",
-        target_kind="trajectory",
-        target=str(target),
-        target_trajectory_id=target,
-        target_call=None,
-        name=rng.choice(["reward", "quality"]),
-        value=rng.choice([0.0, 0.25, 0.5, 1.0]),
-        metrics={},
-        comment=None,
-        group_id=None,
-        idempotency_key=key,
-        source="key",
-        api_key_id=None,
-        observed_at=observed,
-    )
+    name, value = rng.choice(["reward", "quality"]), rng.choice([0.0, 0.25, 0.5, 1.0])
+    return trajectory_reward(target, key=key, observed=observed, name=name, value=value)
 
 
 async def _ingest(url: str, batches: list[list[list[NewReward]]]) -> None:

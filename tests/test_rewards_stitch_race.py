@@ -22,26 +22,11 @@ import psycopg
 from apprentice.store.engine import make_async_engine
 from gateway.store.calls import _APPLY_MERGES
 from gateway.store.rewards import MERGE_STATEMENTS, NewReward, ingest_rewards, lock_key
+from tests.support.rewards import trajectory_reward
 
 
 def _reward(trajectory: uuid.UUID, observed: float, key: str) -> NewReward:
-    return NewReward(
-        id=uuid.uuid4(),
-        tenant="local",
-        target_kind="trajectory",
-        target=str(trajectory),
-        target_trajectory_id=trajectory,
-        target_call=None,
-        name="reward",
-        value=1.0,
-        metrics={},
-        comment=None,
-        group_id=None,
-        idempotency_key=key,
-        source="key",
-        api_key_id=None,
-        observed_at=observed,
-    )
+    return trajectory_reward(trajectory, key=key, observed=observed)
 
 
 def test_a_reward_racing_a_merge_lands_on_the_parent(db: psycopg.Connection, database_url: str):
