@@ -198,6 +198,17 @@ async def versions_of(
     return [AdapterVersion.from_row(row) for row in rows]
 
 
+async def last_status_changes(connection: AsyncConnection, policy: str) -> dict[uuid.UUID, datetime]:
+    """When each version of `policy` last changed status (its latest transition): the unload
+    grace and retention count from it."""
+    rows = await connection.execute(
+        select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
+        .where(adapter_transitions.c.policy == policy)
+        .group_by(adapter_transitions.c.adapter_version_id)
+    )
+    return {row[0]: row[1] for row in rows}
+
+
 async def serving_versions(connection: AsyncConnection, policy: str) -> Serving:
     """The promoted and the canary version of `policy`, where there are any."""
     by_status = {version.status: version for version in await versions_of(connection, policy, SERVING)}

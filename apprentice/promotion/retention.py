@@ -27,6 +27,7 @@ from pathlib import Path
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from apprentice.promotion import lifecycle
 from apprentice.promotion.rows import AdapterVersion
 from apprentice.promotion.status import VersionStatus
 from apprentice.store.tables import adapter_transitions, adapter_versions
@@ -96,14 +97,7 @@ async def apply_retention(
             )
         }
         promoted |= {v.id for v in versions if v.status in EVER_PROMOTED_STATUSES}
-        last = {
-            row[0]: row[1]
-            for row in await connection.execute(
-                select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
-                .where(adapter_transitions.c.policy == policy)
-                .group_by(adapter_transitions.c.adapter_version_id)
-            )
-        }
+        last = await lifecycle.last_status_changes(connection, policy)
     done = []
     for version in plan_retention(versions, keep_last, promoted):
         changed_at = last.get(version.id)

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -72,7 +72,7 @@ from apprentice.promotion.retention import apply_retention
 from apprentice.promotion.rows import AdapterVersion, PolicyState, TrainingRun, Transition
 from apprentice.promotion.status import SERVING, VersionStatus
 from apprentice.settings import EndpointDiscoverySettings, PolicySettings, Settings, resolve_secret
-from apprentice.store.tables import adapter_transitions, training_runs
+from apprentice.store.tables import training_runs
 
 log = logging.getLogger(__name__)
 
@@ -872,14 +872,7 @@ async def _versions_and_last_changes(
     again, still served until the grace ends) and when each last changed status."""
     async with engine.connect() as connection:
         versions = await lifecycle.versions_of(connection, policy, tuple(VersionStatus))
-        last = {
-            row[0]: row[1]
-            for row in await connection.execute(
-                select(adapter_transitions.c.adapter_version_id, func.max(adapter_transitions.c.created_at))
-                .where(adapter_transitions.c.policy == policy)
-                .group_by(adapter_transitions.c.adapter_version_id)
-            )
-        }
+        last = await lifecycle.last_status_changes(connection, policy)
     return versions, last
 
 
