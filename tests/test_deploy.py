@@ -42,8 +42,8 @@ def test_compose_file_is_valid_and_complete():
             assert (DEPLOY / build["context"] / build["dockerfile"]).resolve().exists()
 
 
-@pytest.mark.parametrize("path", K8S_FILES, ids=lambda p: p.name)
-def test_kubernetes_manifests_validate_strictly(path: Path):
+def assert_valid_kubernetes(path: Path) -> None:
+    """Kubernetes' own schemas accept every document of the file (strict: no unknown fields)."""
     result = subprocess.run(
         [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", str(path)],
         capture_output=True,
@@ -51,6 +51,11 @@ def test_kubernetes_manifests_validate_strictly(path: Path):
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", K8S_FILES, ids=lambda p: p.name)
+def test_kubernetes_manifests_validate_strictly(path: Path):
+    assert_valid_kubernetes(path)
 
 
 def test_kubernetes_has_the_pieces_the_product_needs():
@@ -123,13 +128,7 @@ def test_the_training_job_of_the_deploy_config_validates_strictly(monkeypatch, t
     manifest = job_manifest(policy, "scheduled", "0190aa6e-2b3c-7d4e-8f90-123456789abc")
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(manifest))
-    result = subprocess.run(
-        [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_valid_kubernetes(path)
     container = manifest["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert "learner.jobs.one_run" in " ".join(container["command"])
