@@ -20,6 +20,7 @@ from apprentice.promotion.gates import evaluate_gates, json_number
 from apprentice.promotion.retention import plan_retention
 from apprentice.promotion.rows import AdapterVersion, TrainingRun
 from apprentice.promotion.status import VersionStatus
+from tests.support.canary import interleaved_units
 
 # ---------------------------------------------------------------- statistics
 
@@ -67,21 +68,21 @@ def test_compare_and_decide():
     bad = [min(1, max(0, rng.gauss(0.3, 0.1))) for _ in range(40)]
     noise = [rng.random() for _ in range(40)]
 
-    few = ev.compare(good[:5], bad, min_samples=10)
+    few = ev.compare(interleaved_units(good[:5], bad), min_samples=10)
     assert few.verdict == ev.INSUFFICIENT and few.interval is None and few.canary.n == 5
     assert ev.decide(few, mode="automatic", elapsed_s=10, timeout_s=100) == ev.WAIT
     assert ev.decide(few, mode="automatic", elapsed_s=100, timeout_s=100) == ev.TIMEOUT
 
-    better = ev.compare(good, bad, min_samples=10)
+    better = ev.compare(interleaved_units(good, bad), min_samples=10)
     assert better.verdict == ev.BETTER and better.interval.low > 0
     assert ev.decide(better, mode="automatic", elapsed_s=0, timeout_s=100) == ev.PROMOTE
     assert ev.decide(better, mode="reviewed", elapsed_s=1e9, timeout_s=100) == ev.REVIEW
 
-    worse = ev.compare(bad, good, method="bootstrap", min_samples=10)
+    worse = ev.compare(interleaved_units(bad, good), method="bootstrap", min_samples=10)
     assert worse.verdict == ev.WORSE and worse.interval.high < 0
     assert ev.decide(worse, mode="automatic", elapsed_s=0, timeout_s=100) == ev.REJECT
 
-    unclear = ev.compare(noise[:20], noise[20:], min_samples=10)
+    unclear = ev.compare(interleaved_units(noise[:20], noise[20:]), min_samples=10)
     assert unclear.verdict == ev.INCONCLUSIVE
     assert json.loads(json.dumps(better.as_json()))["interval"]["low"] > 0
 
@@ -90,18 +91,18 @@ def test_sequential_compare_and_the_lineage_decision():
     rng = random.Random(2)
     good = [float(rng.random() < 0.8) for _ in range(200)]
     bad = [float(rng.random() < 0.4) for _ in range(200)]
-    better = ev.compare(good, bad, method="sequential", min_samples=10, reward_range=(0.0, 1.0))
+    better = ev.compare(interleaved_units(good, bad), method="sequential", min_samples=10, reward_range=(0.0, 1.0))
     assert better.verdict == ev.BETTER and better.interval.df is None
     # wider than Welch's at the same confidence: the price of looking at every tick
-    welch = ev.compare(good, bad, method="welch", min_samples=10)
+    welch = ev.compare(interleaved_units(good, bad), method="welch", min_samples=10)
     assert better.interval.high - better.interval.low > welch.interval.high - welch.interval.low
     # no declared range: the observed one (here the same, 0..1)
-    assert ev.compare(good, bad, method="sequential", min_samples=10).interval == better.interval
-    worse = ev.compare(bad, good, method="sequential", min_samples=10)
-    unclear = ev.compare(good[:12], bad[:12], method="sequential", min_samples=10)
-    few = ev.compare(good[:3], bad, method="sequential", min_samples=10)
+    assert ev.compare(interleaved_units(good, bad), method="sequential", min_samples=10).interval == better.interval
+    worse = ev.compare(interleaved_units(bad, good), method="sequential", min_samples=10)
+    unclear = ev.compare(interleaved_units(good[:12], bad[:12]), method="sequential", min_samples=10)
+    few = ev.compare(interleaved_units(good[:3], bad), method="sequential", min_samples=10)
     assert (worse.verdict, unclear.verdict, few.verdict) == (ev.WORSE, ev.INCONCLUSIVE, ev.INSUFFICIENT)
-    constant = ev.compare([1.0] * 20, [1.0] * 20, method="sequential", min_samples=10)
+    constant = ev.compare(interleaved_units([1.0] * 20, [1.0] * 20), method="sequential", min_samples=10)
     assert constant.verdict == ev.INCONCLUSIVE
 
     def decide(lineage, newest, mode="automatic", elapsed=0.0):

@@ -1,75 +1,104 @@
-"""The canary's confidence sequence stays valid when it is looked at after every reward.
+"""The canary's confidence sequence stays valid when it is looked at after every unit.
 
-Simulated canaries, seeded so the figures are repeatable: A/A arms (no true difference) must
-be called better or worse at most `alpha` of the time although the test looks after every
-new pair of rewards; a true gain of 10 points must be found.
+Simulated canaries, seeded so the figures are repeatable. Units are runs of prompts of unequal
+difficulty, each put in the canary's arm with the canary share independently of its prompt (as
+the gateway does). A/A arms (no true difference) must be called better or worse at most `alpha`
+of the time although the test looks after every unit; true gains must be found, on repeating
+prompts and on prompts that never repeat, and never called worse. bench/canary_simulation.py
+runs the same with 10,000 replications, late rewards and versions arriving.
 """
 
 from __future__ import annotations
 
 import random
 
-from apprentice.promotion.sequential import ArmSummary, confidence_sequence
+import pytest
+
+from apprentice.promotion.sequential import EffectSequence, Unit, confidence_sequence
 
 ALPHA = 0.1
-MIN_SAMPLES = 16
+MIN_UNITS = 16
 
 
-class RunningArm:
-    """Welford's running mean and squared deviations, as rewards arrive one by one."""
+def first_verdict(
+    effect: float, rng: random.Random, *, units: int, tasks: int, share: float = 0.5, ramp: int = 0
+) -> tuple[str, int]:
+    """Look after every unit; the first decisive look's verdict and the units seen then.
 
-    def __init__(self) -> None:
-        self.n, self.mean, self.m2 = 0, 0.0, 0.0
-
-    def add(self, value: float) -> None:
-        self.n += 1
-        delta = value - self.mean
-        self.mean += delta / self.n
-        self.m2 += delta * (value - self.mean)
-
-    def summary(self) -> ArmSummary:
-        return ArmSummary(self.n, self.mean, self.m2)
-
-
-def first_verdict(p_canary: float, p_incumbent: float, looks: int, rng: random.Random) -> tuple[str, int]:
-    """Look after every pair of Bernoulli rewards; the first decisive look's verdict."""
-    canary, incumbent = RunningArm(), RunningArm()
-    for _ in range(looks):
-        canary.add(float(rng.random() < p_canary))
-        incumbent.add(float(rng.random() < p_incumbent))
-        if canary.n < MIN_SAMPLES:
+    `effect` is the canary's gain in success rate; with `ramp`, the gain grows linearly from 0
+    over the first `ramp` units (a lineage whose newer versions are better)."""
+    difficulty = [rng.uniform(0.05, 0.95) for _ in range(tasks)] if tasks else []
+    sequence = EffectSequence(ALPHA)
+    arms = [0, 0]
+    for index in range(units):
+        task = rng.randrange(tasks) if tasks else index
+        base = difficulty[task] if tasks else rng.uniform(0.05, 0.95)
+        canary = rng.random() < share
+        gain = effect * min(1.0, (index + 1) / ramp) if ramp else effect
+        success = rng.random() < min(1.0, base + (gain if canary else 0.0))
+        sequence.add(Unit(canary, share, str(task), float(success)))
+        arms[canary] += 1
+        if min(arms) < MIN_UNITS:
             continue
-        interval = confidence_sequence(canary.summary(), incumbent.summary(), alpha=ALPHA)
+        interval = sequence.interval()
         if interval.low > 0:
-            return "better", canary.n
+            return "better", index + 1
         if interval.high < 0:
-            return "worse", canary.n
-    return "none", canary.n
+            return "worse", index + 1
+    return "none", units
 
 
-def test_a_and_a_arms_are_called_different_at_most_alpha_of_the_time_under_continuous_looks():
-    rng = random.Random(20261201)
-    for rate in (0.05, 0.5):
-        verdicts = [first_verdict(rate, rate, looks=400, rng=rng)[0] for _ in range(300)]
-        false_rate = sum(v != "none" for v in verdicts) / len(verdicts)
-        assert false_rate <= ALPHA, f"base rate {rate}: {false_rate:.3f} false verdicts at alpha {ALPHA}"
+@pytest.mark.parametrize(("tasks", "share"), [(16, 0.5), (4, 0.2), (0, 0.5)])
+def test_a_and_a_arms_are_called_different_at_most_alpha_of_the_time_under_continuous_looks(tasks, share):
+    rng = random.Random(20261201 + tasks)
+    verdicts = [first_verdict(0.0, rng, units=600, tasks=tasks, share=share)[0] for _ in range(250)]
+    false_rate = sum(v != "none" for v in verdicts) / len(verdicts)
+    assert false_rate <= ALPHA, f"{tasks} tasks, share {share}: {false_rate:.3f} false verdicts at alpha {ALPHA}"
 
 
-def test_a_true_gain_of_ten_points_is_found_and_never_called_worse():
-    rng = random.Random(7)
-    results = [first_verdict(0.6, 0.5, looks=1500, rng=rng) for _ in range(100)]
+@pytest.mark.parametrize("tasks", [16, 0])
+def test_a_gain_of_fifteen_points_is_found_on_repeating_and_on_unique_prompts(tasks):
+    rng = random.Random(7 + tasks)
+    results = [first_verdict(0.15, rng, units=1500, tasks=tasks) for _ in range(60)]
     assert not [r for r in results if r[0] == "worse"]
     found = sorted(n for verdict, n in results if verdict == "better")
-    assert len(found) >= 90
-    assert found[len(found) // 2] < 600, f"median samples per arm to a verdict: {found[len(found) // 2]}"
+    assert len(found) >= 57, f"found in {len(found)} of 60"
+    assert found[len(found) // 2] < 600, f"median units to a verdict: {found[len(found) // 2]}"
+
+
+def test_a_lineage_that_gets_better_as_it_trains_is_found_and_never_called_worse():
+    rng = random.Random(11)
+    results = [first_verdict(0.25, rng, units=1500, tasks=16, ramp=400) for _ in range(40)]
+    assert not [r for r in results if r[0] == "worse"]
+    assert sum(r[0] == "better" for r in results) >= 38
+
+
+def test_which_prompts_each_arm_got_does_not_decide():
+    """The canary's arm holds only hard prompts, the incumbent's only easy ones (an extreme
+    draw): the plain difference of means is -0.6, the within-task estimate sees no difference."""
+    units = []
+    for round_ in range(60):
+        units.append(Unit(True, 0.5, "hard", float(round_ % 5 == 0)))  # 20%
+        units.append(Unit(False, 0.5, "easy", float(round_ % 5 != 0)))  # 80%
+    interval = confidence_sequence(units, alpha=ALPHA)
+    assert interval.low < 0 < interval.high
 
 
 def test_the_interval_is_conservative_for_small_arms_and_rates_near_zero():
-    none_yet = confidence_sequence(ArmSummary.of([0.0] * 20), ArmSummary.of([0.0] * 20), alpha=ALPHA)
+    def units(canary: list[float], incumbent: list[float]) -> list[Unit]:
+        out = []
+        for a, b in zip(canary, incumbent, strict=True):
+            out += [Unit(True, 0.5, "t", a), Unit(False, 0.5, "t", b)]
+        return out
+
+    none_yet = confidence_sequence(units([0.0] * 20, [0.0] * 20), alpha=ALPHA)
     assert none_yet.low < 0 < none_yet.high, "two arms of zeros are not evidence of anything"
-    one_success = confidence_sequence(ArmSummary.of([1.0] + [0.0] * 19), ArmSummary.of([0.0] * 20), alpha=ALPHA)
+    one_success = confidence_sequence(units([1.0] + [0.0] * 19, [0.0] * 20), alpha=ALPHA)
     assert one_success.low < 0, "one success in twenty against none is no promotion"
-    clear = confidence_sequence(
-        ArmSummary.of([1.0] * 60 + [0.0] * 40), ArmSummary.of([1.0] * 5 + [0.0] * 95), alpha=ALPHA
-    )
-    assert clear.low > 0.3
+    clear = confidence_sequence(units([1.0] * 60 + [0.0] * 40, [1.0] * 5 + [0.0] * 95), alpha=ALPHA)
+    assert clear.low > 0.2
+
+
+def test_a_share_outside_the_open_interval_is_refused():
+    with pytest.raises(ValueError, match="share"):
+        EffectSequence(ALPHA).add(Unit(True, 1.0, "t", 1.0))

@@ -20,6 +20,7 @@ from apprentice.promotion.takeover import ArmCalls, Prices, decide_takeover, tea
 from apprentice.settings import Settings, TeacherSettings
 from gateway.upstreams.routing import Router
 from tests.conftest import wait_for
+from tests.support.canary import interleaved_units
 from tests.support.fake_teacher import RULE_PREFIX
 from tests.test_adapter_routing import add_version, forwarded_models
 
@@ -138,7 +139,9 @@ def test_calls_the_teacher_serves_alternate_between_its_deployments():
 
 
 def _comparison(policy: list[float], teacher: list[float]):
-    return compare(policy, teacher, method="sequential", confidence=0.9, min_samples=8, reward_range=(0.0, 1.0))
+    return compare(
+        interleaved_units(policy, teacher), method="sequential", confidence=0.9, min_samples=8, reward_range=(0.0, 1.0)
+    )
 
 
 def _decide(policy: list[float], teacher: list[float], *, policy_price=None, latency=(50.0, 400.0), **settings):

@@ -1,27 +1,33 @@
 """Is the canary's lineage better than the promoted version? Rewards of the arms, compared.
 
-The arms: trajectories of the policy whose first call was served by a version of the live
-lineage (the canary and the versions it superseded), and those served by the incumbent (the
-promoted version, or the base model when none is promoted), both since the lineage's first
-canary started, so that both arms saw the same period's traffic. A third arm, the newest
-version's own trajectories since it became the canary, is compared with the incumbent too: the
-version a promotion would make serve must not be significantly worse on its own. Each
-trajectory counts once, with its *current* reward of the configured name (status 'linked',
-not superseded).
+The experiment: each run (or client group) is a unit assigned to the canary's arm with
+probability equal to the canary share, independently of its prompt, and records its arm, the
+share and its task (gateway/policies/versions.py, migration 0013). Two comparisons are made,
+both by assigned arm (a unit counts in the arm it was drawn for, however its later calls were
+served):
+- the lineage: units assigned since the lineage's first canary started, the canary's arm being
+  any version of the live lineage (the canary and the versions it superseded);
+- the newest version: units assigned since it became the canary, its own arm against the
+  incumbent's drawn in the same period; the version a promotion would make serve must not be
+  significantly worse on its own.
+A unit's value is the mean of its runs' *current* rewards of the configured name (status
+'linked', not superseded); units without one are left out, and so are units assigned less than
+the policy's `learning.reward_wait_s` ago (their rewards are still arriving).
 
-The statistic: an interval on mean(arm) - mean(incumbent), either the always-valid confidence
-sequence of `sequential` (method "sequential", the default: valid although the job looks at
-every tick) or a fixed-sample interval, Welch's t (closed form, deterministic) or a percentile
-bootstrap (seeded, so repeatable); these two are only valid for a single look and inflate false
-verdicts when acted on at the first look that excludes 0. Significantly better: the whole
-interval is above 0; significantly worse: below 0. Nothing is decided before each arm has
-`min_samples`.
+The statistic: an interval on the canary's average effect, either the always-valid confidence
+sequence of `sequential` (method "sequential", the default: compares each task with its own
+history, valid at every look and every sample size) or a fixed-sample interval on the arms'
+unit means, Welch's t (closed form, deterministic) or a percentile bootstrap (seeded); these
+two are only valid for a single look and compare the arms' prompts along with their versions.
+Significantly better: the whole interval is above 0; significantly worse: below 0. Nothing is
+decided before each arm has `min_samples` units.
 
 The statistics are pure functions (no database) and are unit-tested against known values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import uuid
@@ -30,10 +36,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from apprentice.promotion.sequential import ArmSummary, confidence_sequence
+from apprentice.promotion.sequential import Unit, confidence_sequence
 from apprentice.store.tables import rewards, trajectories
 
 BETTER, WORSE, INCONCLUSIVE, INSUFFICIENT = "better", "worse", "inconclusive", "insufficient"
@@ -190,22 +196,23 @@ class Comparison:
 
 
 def sequential_interval(
-    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, reward_range: tuple[float, float] | None = None
+    units: Sequence[Unit], confidence: float = 0.95, reward_range: tuple[float, float] | None = None
 ) -> Interval:
-    """The always-valid interval for mean(a) - mean(b) at alpha = 1 - confidence.
+    """The always-valid interval on the canary's average effect at alpha = 1 - confidence.
 
-    The reward range scales the mixture and bounds the variance: the policy's declared range
-    when set, else the smallest range holding every observed reward (both arms)."""
+    The reward range scales the test: the policy's declared range when set, else the smallest
+    range holding every observed reward."""
     if reward_range is None:
-        values = [*a, *b]
+        values = [unit.value for unit in units]
         reward_range = (min(values), max(values)) if values else (0.0, 1.0)
-    found = confidence_sequence(ArmSummary.of(a), ArmSummary.of(b), alpha=1.0 - confidence, reward_range=reward_range)
+        if reward_range[0] == reward_range[1]:
+            reward_range = (reward_range[0], reward_range[0] + 1.0)
+    found = confidence_sequence(units, alpha=1.0 - confidence, reward_range=reward_range)
     return Interval(found.difference, found.low, found.high)
 
 
 def compare(
-    canary: Sequence[float],
-    incumbent: Sequence[float],
+    units: Sequence[Unit],
     *,
     method: str = "welch",
     confidence: float = 0.95,
@@ -213,11 +220,14 @@ def compare(
     seed: int = 0,
     reward_range: tuple[float, float] | None = None,
 ) -> Comparison:
+    """The canary's arm against the incumbent's over `units` (in the order they were assigned)."""
+    canary = [unit.value for unit in units if unit.canary]
+    incumbent = [unit.value for unit in units if not unit.canary]
     stats = ArmStats.of(canary), ArmStats.of(incumbent)
     if len(canary) < max(2, min_samples) or len(incumbent) < max(2, min_samples):
         return Comparison(*stats, method, confidence, min_samples, INSUFFICIENT)
     if method == "sequential":
-        interval = sequential_interval(canary, incumbent, confidence, reward_range)
+        interval = sequential_interval(units, confidence, reward_range)
     elif method == "welch":
         interval = welch_interval(canary, incumbent, confidence)
     elif method == "bootstrap":
@@ -226,6 +236,20 @@ def compare(
         raise ValueError(f"unknown method {method!r}")
     verdict = BETTER if interval.low > 0 else WORSE if interval.high < 0 else INCONCLUSIVE
     return Comparison(*stats, method, confidence, min_samples, verdict, interval)
+
+
+# The share of the false-verdict budget spent on the newest versions' own comparisons.
+NEWEST_ALPHA_SHARE = 0.2
+
+
+def alpha_split(alpha: float, *, newest_index: int) -> tuple[float, float]:
+    """The lineage's alpha and the alpha of its `newest_index`-th version's own comparison.
+
+    An A/A canary is wrongly called better or worse by the lineage's test with probability at
+    most its alpha, and by any of its versions' own tests with at most the sum of theirs:
+    (1 - share) alpha + share alpha sum_k 6 / (pi k)^2 = alpha over a lineage of any length."""
+    newest = alpha * NEWEST_ALPHA_SHARE * 6.0 / (math.pi * max(1, newest_index)) ** 2
+    return alpha * (1.0 - NEWEST_ALPHA_SHARE), newest
 
 
 def decide(comparison: Comparison, *, mode: str, elapsed_s: float, timeout_s: float) -> str:
@@ -260,11 +284,49 @@ def decide_lineage(lineage: Comparison, newest: Comparison, *, mode: str, elapse
 # ---------------------------------------------------------------- data
 
 
-def _current_rewards(policy: str, since: datetime, reward_name: str, *columns: Any) -> Select[Any]:
-    """`columns` and the current reward value of the policy's trajectories started since `since`:
-    one row per trajectory with a linked, not superseded reward of `reward_name`."""
-    return (
-        select(*columns, rewards.c.value)
+@dataclass(frozen=True)
+class AssignedUnit:
+    """A unit as stored: its arm's version, when it was assigned, and what the test reads."""
+
+    label: str
+    version_id: uuid.UUID | None
+    assigned_at: datetime
+    unit: Unit
+
+
+@dataclass(frozen=True)
+class CanaryUnits:
+    """The units `evaluate_canary` compares: the lineage's (every lineage version against the
+    incumbent since the lineage's first canary started) and the newest version's (its own
+    units against the incumbent's since it became the canary), each in order of assignment."""
+
+    lineage: list[Unit]
+    newest: list[Unit]
+
+
+async def canary_units(
+    connection: AsyncConnection,
+    policy: str,
+    lineage_ids: Sequence[uuid.UUID],
+    newest_id: uuid.UUID,
+    newest_since: datetime,
+    incumbent_id: uuid.UUID | None,
+    since: datetime,
+    settled_before: datetime,
+    reward_name: str = "reward",
+) -> CanaryUnits:
+    """The assigned units of the policy's canary experiment, with their current rewards."""
+    lineage = set(lineage_ids) | {newest_id}
+    query = (
+        select(
+            trajectories.c.arm_unit,
+            trajectories.c.arm,
+            trajectories.c.arm_version_id,
+            trajectories.c.arm_share,
+            trajectories.c.task_key,
+            trajectories.c.first_call_at,
+            rewards.c.value,
+        )
         .join(
             rewards,
             (rewards.c.trajectory_id == trajectories.c.id)
@@ -275,74 +337,32 @@ def _current_rewards(policy: str, since: datetime, reward_name: str, *columns: A
         .where(
             trajectories.c.policy == policy,
             trajectories.c.merged_into.is_(None),
+            trajectories.c.arm.is_not(None),
             trajectories.c.first_call_at >= since,
+            trajectories.c.first_call_at < settled_before,
+            ((trajectories.c.arm == "canary") & trajectories.c.arm_version_id.in_(lineage))
+            | ((trajectories.c.arm == "incumbent") & trajectories.c.arm_version_id.is_not_distinct_from(incumbent_id)),
         )
     )
-
-
-async def arm_rewards(
-    connection: AsyncConnection,
-    policy: str,
-    canary_id: uuid.UUID,
-    incumbent_id: uuid.UUID | None,
-    since: datetime,
-    reward_name: str = "reward",
-) -> tuple[list[float], list[float]]:
-    """Current rewards of the canary's and the incumbent's trajectories since `since`."""
-    query = _current_rewards(policy, since, reward_name, trajectories.c.adapter_version_id).where(
-        (trajectories.c.adapter_version_id == canary_id)
-        | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id)
-    )
-    canary: list[float] = []
-    incumbent: list[float] = []
-    for version_id, value in await connection.execute(query):
-        if value is None or not math.isfinite(value):
+    found: dict[str, tuple[AssignedUnit, list[float]]] = {}
+    for label, arm, version_id, share, task, first_call_at, value in await connection.execute(query):
+        if value is None or not math.isfinite(value) or share is None or not 0.0 < share < 1.0:
             continue
-        (canary if version_id == canary_id else incumbent).append(float(value))
-    return canary, incumbent
-
-
-@dataclass(frozen=True)
-class LineageRewards:
-    """The rewards `evaluate_canary` compares: the lineage's arm and the incumbent's since the
-    lineage's first canary started; the newest version's own arm and the incumbent's since the
-    newest version became the canary (the same period for both arms of each comparison)."""
-
-    lineage: list[float]
-    incumbent: list[float]
-    newest: list[float]
-    incumbent_since_newest: list[float]
-
-
-async def lineage_rewards(
-    connection: AsyncConnection,
-    policy: str,
-    lineage_ids: Sequence[uuid.UUID],
-    newest_id: uuid.UUID,
-    newest_since: datetime,
-    incumbent_id: uuid.UUID | None,
-    since: datetime,
-    reward_name: str = "reward",
-) -> LineageRewards:
-    """Current rewards of the lineage's, the newest version's and the incumbent's trajectories."""
-    lineage = set(lineage_ids) | {newest_id}
-    query = _current_rewards(
-        policy, since, reward_name, trajectories.c.adapter_version_id, trajectories.c.first_call_at
-    ).where(
-        trajectories.c.adapter_version_id.in_(lineage)
-        | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id)
+        entry = found.get(label)
+        if entry is None or first_call_at < entry[0].assigned_at:
+            unit = Unit(arm == "canary", float(share), task or label, 0.0)
+            values = entry[1] if entry else []
+            entry = (AssignedUnit(label, version_id, first_call_at, unit), values)
+            found[label] = entry
+        entry[1].append(float(value))
+    ordered = sorted(found.values(), key=lambda item: (item[0].assigned_at, item[0].label))
+    units = [
+        AssignedUnit(a.label, a.version_id, a.assigned_at, dataclasses.replace(a.unit, value=math.fsum(v) / len(v)))
+        for a, v in ordered
+    ]
+    return CanaryUnits(
+        lineage=[a.unit for a in units],
+        newest=[
+            a.unit for a in units if a.assigned_at >= newest_since and (not a.unit.canary or a.version_id == newest_id)
+        ],
     )
-    found = LineageRewards([], [], [], [])
-    for version_id, first_call_at, value in await connection.execute(query):
-        if value is None or not math.isfinite(value):
-            continue
-        since_newest = first_call_at >= newest_since
-        if version_id in lineage:
-            found.lineage.append(float(value))
-            if version_id == newest_id and since_newest:
-                found.newest.append(float(value))
-        else:
-            found.incumbent.append(float(value))
-            if since_newest:
-                found.incumbent_since_newest.append(float(value))
-    return found

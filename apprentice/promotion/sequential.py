@@ -1,102 +1,163 @@
-"""An always-valid confidence sequence for mean(canary) - mean(incumbent).
+"""An always-valid, nonasymptotic confidence sequence on the canary's effect, by randomised unit.
 
-The promotion job looks at a canary's rewards at every tick and acts on the first look that
-decides. A fixed-sample interval (Welch's t) checked that way is wrong far more often than
-its nominal level says (Johari, Pekelis, Walsh, "Peeking at A/B Tests", KDD 2017). This
-module gives an interval that is valid at every look at once: the normal-mixture sequential
-probability ratio test (mSPRT) of Johari, Koomen, Pekelis, Walsh, "Always Valid Inference:
-Continuous Monitoring of A/B Tests", Operations Research 70(3), 2022, read as a confidence
-sequence (Howard, Ramdas, McAuliffe, Sekhon, Annals of Statistics 2021, the normal mixture
-boundary).
+The canary is an experiment whose units are runs (or the client's groups): each unit is put in
+the canary's arm with a known probability p, the policy's canary share at that moment, drawn
+independently of its prompt (gateway/policies/versions.py). The promotion job looks at every
+tick and acts on the first look that decides, so the interval must hold at every look at once,
+and rewards are bounded, so it can hold at every sample size, not only asymptotically.
 
-With d the difference of the arms' means, V its estimated variance
-(var_canary / n_canary + var_incumbent / n_incumbent) and a N(0, tau^2) mixture over the true
-difference theta, the mixture likelihood ratio against theta0 is
+Per unit i (in order of assignment), with y_i its reward rescaled to [0, 1] and A_i in {0, 1}
+its arm:
 
-    Lambda(theta0) = sqrt(V / (V + tau^2)) * exp( tau^2 (d - theta0)^2 / (2 V (V + tau^2)) )
+    b_i = (S_task + m_i) / (n_task + 1)          the task's baseline from earlier units only:
+                                                  S_task, n_task the sum and count of earlier
+                                                  units of i's task, m_i the mean of all earlier
+                                                  units (1/2 before any)
+    w_i = A_i / p_i - (1 - A_i) / (1 - p_i)      inverse-probability weight, E[w_i] = 0
+    Z_i = w_i * (y_i - b_i)                      a per-unit estimate of the effect on i
 
-and by Ville's inequality P(exists n: Lambda_n(theta) >= 1/alpha) <= alpha under the true
-theta. So the set of theta0 with Lambda(theta0) < 1/alpha is a (1 - alpha) confidence
-sequence, the interval
+Because A_i is drawn with probability p_i independently of everything before it and of i's
+prompt, E[Z_i | units before i] = E[y_i(canary) - y_i(incumbent)] = tau_i whatever b_i is; b_i
+only removes the task's difficulty from the variance. That is the design-based estimate of
+Ham, Bojinov, Lindon, Tingley, "Design-based confidence sequences" (2023), with the task's
+running mean as the predictable baseline (a within-task comparison: a task seen before is
+compared with its own history; a task seen for the first time with everything before it, the
+unstratified comparison). Which prompts each arm happens to get does not enter the mean.
 
-    d +- sqrt( 2 V (V + tau^2) / tau^2 * ( log(1/alpha) + log(sqrt((V + tau^2) / V)) ) ).
+Z_i lies in [-c_i, c_i] with c_i = max(1/p_i, 1/(1 - p_i)); X_i = (Z_i + c_i) / (2 c_i) in
+[0, 1]. The confidence sequence is the predictable plug-in empirical-Bernstein one of
+Waudby-Smith and Ramdas, "Estimating means of bounded random variables by betting", JRSS-B
+86(1), 2024, Theorem 2, two-sided at alpha:
 
-Decisions: "better" when the whole interval is above 0, "worse" when below 0, at any look;
-the chance that an A/A canary is ever called either is at most alpha (two-sided).
+    mu_hat_t   = (1/2 + sum_{i<=t} X_i) / (t + 1)
+    sigma2_t   = (1/4 + sum_{i<=t} (X_i - mu_hat_i)^2) / (t + 1)
+    h_t        = max(t, HORIZON)
+    lambda_t   = min(LAMBDA_MAX, sqrt(2 log(2/alpha) / (sigma2_{t-1} h_t log(1 + h_t) / log(1 + HORIZON))))
+    v_t        = 4 (X_t - mu_hat_{t-1})^2
+    psi(l)     = (-log(1 - l) - l) / 4
 
-Why these choices:
-- tau = TAU_SHARE * (reward range): the boundary is tightest for differences of about that
-  size; promotions worth making move rewards by several percent of their range.
-- The variance is estimated (the guarantee is then asymptotic, as in Johari et al.), shrunk
-  towards the Bhatia-Davis bound (hi - mean)(mean - lo) with PRIOR_WEIGHT pseudo-samples and
-  a smoothed mean. Early on, and for rates near 0 or 1 where a sample variance of 0 would
-  make the interval collapse, it is conservative; with more samples the data decide.
-  tests/test_sequential.py checks the false-decision rate on A/A arms by simulation.
+(WSR's schedule has h_t = t: bets that shrink from the first unit on, so the earliest units,
+served by the lineage's oldest versions, would weigh most. Holding the bet at the size that is
+tightest after HORIZON units, and shrinking it as WSR does only after that, weighs every unit of
+a canary the same until then; any predictable schedule keeps the guarantee. In simulation
+(16 tasks of base rates 5-95%, share 0.5, alpha 0.1) a 10-point gain is found in 96% of canaries,
+at a median of 464 units, against 45% and 1,113 with WSR's schedule.)
+
+And, with kappa_i = lambda_i / (2 c_i) the weight of unit i on the effect's scale,
+
+    estimate   = sum kappa_i Z_i / sum kappa_i
+    half width = (log(2/alpha) + sum v_i psi(lambda_i)) / sum kappa_i
+
+The process exp(sum lambda_i (X_i - E[X_i | past]) - v_i psi(lambda_i)) is a nonnegative
+supermartingale for any conditional means (Fan, Grama, Liu 2015), so by Ville's inequality the
+interval covers the kappa-weighted average of the units' effects tau_i at every t at once with
+probability 1 - alpha: exact for every sample size, not asymptotic, and valid when the effect
+changes over time (the canary moving along its lineage). Under A/A every tau_i is 0, so the
+chance that any look calls the canary better or worse is at most alpha.
+
+Verdicts: "better" when the whole interval is above 0, "worse" when below 0.
+bench/canary_simulation.py measures the false-verdict rate over 10,000 simulated A/A canaries
+(prompts of unequal difficulty, late rewards, new versions arriving) and the time to a verdict.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
-TAU_SHARE = 0.1
-PRIOR_WEIGHT = 2.0
-
-
-@dataclass(frozen=True)
-class ArmSummary:
-    """What the test needs of one arm: count, mean and the sum of squared deviations."""
-
-    n: int
-    mean: float
-    m2: float
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> ArmSummary:
-        n = len(values)
-        mean = math.fsum(values) / n if n else 0.0
-        return cls(n, mean, math.fsum((v - mean) ** 2 for v in values))
-
-    def shrunk_variance(self, low: float, high: float) -> float:
-        """The sample variance shrunk towards the largest variance a bounded reward with this
-        (smoothed) mean can have: conservative while the arm is small."""
-        middle = (low + high) / 2.0
-        smoothed = (self.n * self.mean + PRIOR_WEIGHT * middle) / (self.n + PRIOR_WEIGHT)
-        bound = max((high - smoothed) * (smoothed - low), 0.0)
-        return (self.m2 + PRIOR_WEIGHT * bound) / (self.n + PRIOR_WEIGHT)
+# WSR's cap on the bet: at most 3/4 of the wealth on one unit.
+LAMBDA_MAX = 0.75
+# Units after which the bets start to shrink (see the module's docstring).
+HORIZON = 1000
 
 
 @dataclass(frozen=True)
-class ConfidenceSequenceInterval:
-    difference: float  # mean(canary) - mean(incumbent)
+class Unit:
+    """One randomised unit as the test reads it."""
+
+    canary: bool  # the arm drawn for it: the canary's (lineage's) or the incumbent's
+    share: float  # the probability it had of the canary's arm when it was drawn, in (0, 1)
+    stratum: str  # its task: units of one task are compared with their own history
+    value: float  # its reward (the mean over its runs), in the policy's reward range
+
+
+@dataclass(frozen=True)
+class EffectInterval:
+    difference: float  # the weighted average effect estimate, on the reward's scale
     low: float
     high: float
     alpha: float
+    units: int
 
 
-def mixture_half_width(variance: float, tau: float, alpha: float) -> float:
-    """Half the width of the normal-mixture confidence sequence at estimated variance V."""
-    tau2 = tau * tau
-    return math.sqrt(
-        2.0
-        * variance
-        * (variance + tau2)
-        / tau2
-        * (math.log(1.0 / alpha) + 0.5 * math.log((variance + tau2) / variance))
-    )
+@dataclass
+class EffectSequence:
+    """The confidence sequence, updated one unit at a time (the order of assignment)."""
+
+    alpha: float
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    # running state of the baseline
+    _task_sums: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _all_sum: float = 0.0
+    _count: int = 0
+    # running state of the empirical-Bernstein sequence (on X in [0, 1])
+    _x_sum: float = 0.0
+    _sq_dev_sum: float = 0.0
+    _weight_sum: float = 0.0  # sum kappa_i
+    _weighted_z: float = 0.0  # sum kappa_i Z_i
+    _penalty: float = 0.0  # sum v_i psi(lambda_i)
+
+    def add(self, unit: Unit) -> None:
+        if not 0.0 < unit.share < 1.0:
+            raise ValueError(f"a unit's share must be in (0, 1), got {unit.share}")
+        low, high = self.reward_range
+        y = min(1.0, max(0.0, (unit.value - low) / (high - low)))
+        task_sum, task_n = self._task_sums.get(unit.stratum, (0.0, 0))
+        overall = self._all_sum / self._count if self._count else 0.5
+        baseline = (task_sum + overall) / (task_n + 1)
+        weight = 1.0 / unit.share if unit.canary else -1.0 / (1.0 - unit.share)
+        z = weight * (y - baseline)
+        c = max(1.0 / unit.share, 1.0 / (1.0 - unit.share))
+        x = (z + c) / (2.0 * c)
+
+        t = self._count + 1
+        mu_before = (0.5 + self._x_sum) / t  # mu_hat_{t-1}
+        sigma2_before = (0.25 + self._sq_dev_sum) / t  # sigma2_{t-1}
+        h = max(t, HORIZON)
+        lam = min(
+            LAMBDA_MAX,
+            math.sqrt(2.0 * math.log(2.0 / self.alpha) / (sigma2_before * h * math.log1p(h) / math.log1p(HORIZON))),
+        )
+        kappa = lam / (2.0 * c)
+        self._weight_sum += kappa
+        self._weighted_z += kappa * z
+        self._penalty += 4.0 * (x - mu_before) ** 2 * (-math.log1p(-lam) - lam) / 4.0
+
+        self._x_sum += x
+        mu_now = (0.5 + self._x_sum) / (t + 1)  # mu_hat_t
+        self._sq_dev_sum += (x - mu_now) ** 2
+        self._task_sums[unit.stratum] = (task_sum + y, task_n + 1)
+        self._all_sum += y
+        self._count = t
+
+    def interval(self) -> EffectInterval:
+        scale = self.reward_range[1] - self.reward_range[0]
+        if self._count == 0:
+            return EffectInterval(0.0, -scale, scale, self.alpha, 0)
+        estimate = self._weighted_z / self._weight_sum
+        half = (math.log(2.0 / self.alpha) + self._penalty) / self._weight_sum
+        return EffectInterval(
+            estimate * scale, (estimate - half) * scale, (estimate + half) * scale, self.alpha, self._count
+        )
 
 
 def confidence_sequence(
-    canary: ArmSummary, incumbent: ArmSummary, *, alpha: float, reward_range: tuple[float, float] = (0.0, 1.0)
-) -> ConfidenceSequenceInterval:
-    """The (1 - alpha) always-valid interval on mean(canary) - mean(incumbent)."""
-    low, high = reward_range
-    if canary.n == 0 or incumbent.n == 0:
-        return ConfidenceSequenceInterval(0.0, -(high - low), high - low, alpha)
-    variance = canary.shrunk_variance(low, high) / canary.n + incumbent.shrunk_variance(low, high) / incumbent.n
-    difference = canary.mean - incumbent.mean
-    if variance <= 0.0:  # both arms constant at a bound even after shrinking: nothing to learn
-        return ConfidenceSequenceInterval(difference, difference, difference, alpha)
-    half = mixture_half_width(variance, TAU_SHARE * (high - low), alpha)
-    return ConfidenceSequenceInterval(difference, difference - half, difference + half, alpha)
+    units: Iterable[Unit], *, alpha: float, reward_range: tuple[float, float] = (0.0, 1.0)
+) -> EffectInterval:
+    """The (1 - alpha) always-valid interval on the canary's average effect after `units`
+    (in the order they were assigned)."""
+    sequence = EffectSequence(alpha, reward_range)
+    for unit in units:
+        sequence.add(unit)
+    return sequence.interval()

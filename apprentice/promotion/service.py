@@ -49,7 +49,7 @@ import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -478,7 +478,7 @@ async def evaluate_canary(
         versions = await lifecycle.versions_of(connection, version.policy, (CANDIDATE, CANARY, PROMOTED))
         incumbent = promoted_version(versions)
         lineage = lineage_versions(versions)
-        found = await ev.lineage_rewards(
+        found = await ev.canary_units(
             connection,
             version.policy,
             [v.id for v in lineage],
@@ -486,18 +486,22 @@ async def evaluate_canary(
             newest_since,
             incumbent.id if incumbent else None,
             since,
+            now - timedelta(seconds=policy.learning.reward_wait_s),
             reward_name,
         )
     options: dict[str, Any] = {
         "method": promotion.method,
-        "confidence": promotion.confidence,
         "min_samples": promotion.min_samples,
         "reward_range": policy.reward_range,
     }
+    # The false-verdict budget 1 - confidence is shared: most for the lineage's test, the rest
+    # spent over the lineage's successive newest versions (the k-th gets 6 / (pi k)^2 of it).
+    position = next((i for i, v in enumerate(lineage, 1) if v.id == version.id), len(lineage) + 1)
+    lineage_alpha, newest_alpha = ev.alpha_split(1.0 - promotion.confidence, newest_index=position)
     # Off the event loop: a bootstrap over large arms takes seconds of pure Python, and the
     # admin API calls this when a version is opened.
-    comparison = await asyncio.to_thread(ev.compare, found.lineage, found.incumbent, **options)
-    newest = await asyncio.to_thread(ev.compare, found.newest, found.incumbent_since_newest, **options)
+    comparison = await asyncio.to_thread(ev.compare, found.lineage, confidence=1.0 - lineage_alpha, **options)
+    newest = await asyncio.to_thread(ev.compare, found.newest, confidence=1.0 - newest_alpha, **options)
     elapsed = (now - since).total_seconds()
     decision = ev.decide_lineage(
         comparison, newest, mode=promotion.mode, elapsed_s=elapsed, timeout_s=promotion.timeout_s

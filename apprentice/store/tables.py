@@ -86,6 +86,14 @@ trajectories = Table(
     # with record_for_training false: recorded for observability, never selected or judged.
     Column("trainable", Boolean, nullable=False, server_default=text("true")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # 0013: the canary arm the run was assigned at its first call (analysis by assigned arm),
+    # the version it pointed to, the probability of the canary's arm then, the randomised unit
+    # ('group:<id>', 'client:<id>', 'run:<id>') and the task hash the canary compares within.
+    Column("arm", Text),
+    Column("arm_version_id", UUID(as_uuid=True)),
+    Column("arm_share", Double),
+    Column("arm_unit", Text),
+    Column("task_key", Text),
     Index("ix_trajectories_policy_last_call", "policy", "last_call_at"),
     Index(
         "ix_trajectories_tenant_client_id",
@@ -105,6 +113,13 @@ trajectories = Table(
         postgresql_where=text("adapter_version_id IS NOT NULL"),
     ),
     Index("ix_trajectories_policy_first_call", "policy", "first_call_at"),
+    Index(
+        "ix_trajectories_policy_arm_first_call",
+        "policy",
+        "first_call_at",
+        postgresql_where=text("arm IS NOT NULL"),
+    ),
+    CheckConstraint("arm IN ('canary', 'incumbent')", name="trajectories_arm"),
     Index(
         "ix_trajectories_trained_in_run", "trained_in_run_id", postgresql_where=text("trained_in_run_id IS NOT NULL")
     ),

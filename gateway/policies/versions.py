@@ -7,11 +7,26 @@ small query a second), so that a missed notification or a status changed by hand
 a second. No restart, and calls in flight are not touched. The request path only reads this
 process's memory.
 
-Stickiness: a trajectory stays on the version that served its first call. Calls of one run
-share the messages before the first assistant turn, so the canary split hashes that prefix
-(or the client's trajectory id): every process and replica puts a run's calls on the same
-version with no shared state. The stitch index also remembers the version of each open
-trajectory, so a run keeps its version across a transition while it stays on one process.
+The canary is an experiment whose unit is the run: each unit is put in the canary's arm with
+probability equal to the canary share, independently of its prompt, so that both arms see the
+same mix of tasks (apprentice/promotion/sequential.py compares them). The unit is the client's
+group when it names one (a GRPO group stays on one version), else the run's trajectory id (the
+client's, derived from its name by a keyed hash, or the gateway's, random). The draw is a hash
+of the unit and the canary's version id: every process and replica that knows the unit draws
+the same arm with no shared state, and each new canary version draws afresh. A unit is never
+derived from the prompt: hashing the messages put every run of one prompt in one arm, and with
+a few repeating prompts the arms compared prompts, not versions.
+
+The run records the arm drawn at its first call, the version it pointed to and the share
+(`Choice`, stored on its trajectory), and the analysis is by that assigned arm: a later call of
+the run that is served otherwise still counts in the arm it was assigned.
+
+Stickiness: a run stays on the version that served its first call. The stitch index remembers
+the version of each open trajectory on this process; a later call whose trajectory id is known
+(the client's id, `previous_response_id`) draws the same arm on any process; a call continuing
+another process's run by content alone starts a provisional trajectory and draws with that id
+(docs/operations-promotion.md says how often that misses, and what a miss costs: it dilutes the
+comparison, it never biases it).
 
 A run keeps the version it started on when the canary moves on to a newer version of its
 lineage (or any version stops serving): this process remembers when each version it served
@@ -106,6 +121,21 @@ class StoppedVersion:
     stopped_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The version a call goes to and, when the call drew an arm of a running canary, the draw.
+
+    `arm` is None when nothing was drawn: no canary serves the policy, or the call continues a
+    run that keeps the version it started on."""
+
+    version: ServingVersion | None  # None: the base model
+    arm: str | None = None  # "canary" | "incumbent"
+    share: float | None = None  # the probability of the canary's arm at the draw
+
+
+CANARY_ARM, INCUMBENT_ARM = "canary", "incumbent"
+
+
 def bucket(key: bytes) -> float:
     """A uniform number in [0, 1): the same key lands in the same arm everywhere.
 
@@ -182,18 +212,20 @@ class PolicyVersions:
     def serving(self, policy: str) -> PolicyServing:
         return self._serving.get(policy) or PolicyServing()
 
-    def choose(
-        self, policy: str, split_key: bytes, sticky_version: uuid.UUID | None, sticky_known: bool
-    ) -> ServingVersion | None:
-        """The version for a call; None means the base model."""
+    def choose(self, policy: str, unit: bytes, sticky_version: uuid.UUID | None, sticky_known: bool) -> Choice:
+        """The version for a call (None: the base model), and the arm drawn for `unit` when a
+        canary serves and the call does not continue a run that keeps its version."""
         serving = self.serving(policy)
         if sticky_known and serving.is_serving(sticky_version):
-            return serving.by_id(sticky_version)
+            return Choice(serving.by_id(sticky_version))
         if sticky_known and sticky_version is not None and (kept := self._still_kept(policy, sticky_version)):
-            return kept
-        if serving.canary is not None and bucket(split_key) < serving.canary_share:
-            return serving.canary
-        return serving.promoted
+            return Choice(kept)
+        if serving.canary is None:
+            return Choice(serving.promoted)
+        share = serving.canary_share
+        if bucket(serving.canary.id.bytes + unit) < share:
+            return Choice(serving.canary, CANARY_ARM, share)
+        return Choice(serving.promoted, INCUMBENT_ARM, share)
 
     def _still_kept(self, policy: str, version_id: uuid.UUID) -> ServingVersion | None:
         """A version that stopped serving less than the policy's grace ago (a run keeps it)."""

@@ -4,6 +4,10 @@ Journal lines are copied into PostgreSQL as they are (COPY of raw JSON into a te
 table) and unpacked there, so the shipper spends almost no Python CPU per call. Trajectory
 rows are derived from the calls actually inserted, so a re-shipped batch changes nothing.
 
+The canary arm a run was assigned (`arm` and the columns beside it, migration 0013) comes from
+the first call that created its row and never changes afterwards: the analysis is by the arm
+drawn when the run started.
+
 A trajectory is trainable while every call of it is: the record's `trainable` (false for a
 policy with record_for_training off) and the key's `training_opt_out`, read here as the calls
 land (within a ship interval of the call), so an opt-out needs no gateway restart or cache.
@@ -12,6 +16,7 @@ land (within a ship interval of the call), so an opt-out needs no gateway restar
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass
 
 import psycopg
@@ -61,6 +66,11 @@ WITH key_flags AS MATERIALIZED (
            (array_agg(i.model ORDER BY i.created_at))[1] AS model,
            (array_agg(i.policy ORDER BY i.created_at))[1] AS policy,
            (array_agg(i.adapter_version_id ORDER BY i.created_at))[1] AS adapter_version_id,
+           (array_agg(c.r->>'arm' ORDER BY i.created_at))[1] AS arm,
+           (array_agg((c.r->>'arm_version_id')::uuid ORDER BY i.created_at))[1] AS arm_version_id,
+           (array_agg((c.r->>'arm_share')::float8 ORDER BY i.created_at))[1] AS arm_share,
+           (array_agg(c.r->>'arm_unit' ORDER BY i.created_at))[1] AS arm_unit,
+           (array_agg(c.r->>'task_key' ORDER BY i.created_at))[1] AS task_key,
            max(c.r->>'client_trajectory_id') AS client_trajectory_id,
            max(c.r->>'group_id') AS group_id,
            min(i.created_at) AS first_call_at,
@@ -73,9 +83,10 @@ WITH key_flags AS MATERIALIZED (
     GROUP BY i.trajectory_id
 )
 INSERT INTO trajectories AS t (id, tenant, model, policy, adapter_version_id, client_trajectory_id,
-                               group_id, first_call_at, last_call_at, call_count, trainable)
+                               group_id, first_call_at, last_call_at, call_count, trainable,
+                               arm, arm_version_id, arm_share, arm_unit, task_key)
 SELECT trajectory_id, tenant, model, policy, adapter_version_id, client_trajectory_id, group_id,
-       first_call_at, last_call_at, n, trainable
+       first_call_at, last_call_at, n, trainable, arm, arm_version_id, arm_share, arm_unit, task_key
 FROM per_trajectory
 ON CONFLICT (id) DO UPDATE SET
     first_call_at = least(t.first_call_at, excluded.first_call_at),
@@ -241,3 +252,33 @@ async def stitch_pending(engine: AsyncEngine, open_window_s: float) -> int:
                     merged += len(pairs)
                 await cursor.execute(_SETTLE_PENDING, {"window_s": open_window_s})
     return merged
+
+
+# The run a call continues, when another process served its parent: the parent call by the
+# continuation key it registered (ix_calls_continuation_key), its trajectory followed to the root.
+# Bounded to the stitch window's partitions: an older parent is no longer an open run.
+_FIND_PARENT = """
+SELECT coalesce(t.merged_into, c.trajectory_id) AS trajectory_id, c.adapter_version_id
+FROM calls c JOIN trajectories t ON t.id = c.trajectory_id
+WHERE c.continuation_key = %(key)s AND c.tenant = %(tenant)s
+  AND c.created_at > now() - make_interval(secs => %(window_s)s)
+ORDER BY c.created_at DESC
+LIMIT 1
+"""
+
+
+@dataclass(frozen=True)
+class ParentCall:
+    trajectory_id: uuid.UUID
+    adapter_version_id: uuid.UUID | None
+
+
+async def find_parent_call(engine: AsyncEngine, tenant: str, key: bytes, window_s: float) -> ParentCall | None:
+    """The stored call whose answer a new call continues (by its continuation key), if any."""
+    async with engine.connect() as connection:
+        pg = await driver_connection(connection)
+        async with pg.cursor() as cursor:
+            await cursor.execute(_FIND_PARENT, {"key": key, "tenant": tenant, "window_s": window_s})
+            row = await cursor.fetchone()
+        await pg.commit()
+    return ParentCall(row[0], row[1]) if row else None

@@ -239,10 +239,15 @@ class TrajectoryAssignment:
     # Set when this process served the run's previous call: the version to stay on.
     continued: OpenTrajectory | None = None
 
-    @property
-    def split_key(self) -> bytes:
-        """What the canary split hashes: stable across a run's calls on any process."""
-        return self.trajectory_id.bytes if self.client_trajectory_id else self.keys.root_key
+    def canary_unit(self, tenant: str, group_id: str | None) -> tuple[bytes, str]:
+        """What the canary randomises for this call, as bytes to draw with and as a label: the
+        client's group when it names one, else the run (its trajectory id, the client's or the
+        gateway's). Never the prompt: see gateway/policies/versions.py."""
+        if group_id:
+            digest = hashlib.blake2b(f"{tenant}\x00{group_id}".encode(), digest_size=KEY_BYTES).digest()
+            return b"group\x00" + digest, f"group:{group_id}"
+        label = "client" if self.client_trajectory_id else "run"
+        return b"run\x00" + self.trajectory_id.bytes, f"{label}:{self.trajectory_id}"
 
 
 def assign_trajectory(

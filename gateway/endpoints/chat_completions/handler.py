@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from apprentice.grouping import JUDGE_TRAJECTORY_PREFIX
+from apprentice.grouping import JUDGE_TRAJECTORY_PREFIX, task_key
 from gateway import metrics
 from gateway.auth.keys import KeyInfo
 from gateway.endpoints.chat_completions.assembly import assemble_completion, parse_sse_events
@@ -36,8 +36,9 @@ from gateway.http.asgi import (
 )
 from gateway.http.errors import GatewayError, UpstreamStatusError, error_body
 from gateway.limits.limiter import NOT_LIMITED, Admission, RateLimited, estimate_tokens
-from gateway.policies.versions import ServingVersion, VersionUnavailable
+from gateway.policies.versions import Choice, ServingVersion, VersionUnavailable
 from gateway.state import GatewayState
+from gateway.trajectories.parents import continue_stored_run
 from gateway.trajectories.stitching import (
     OpenTrajectory,
     TrajectoryAssignment,
@@ -82,6 +83,7 @@ class CallContext:
         "wire",
         "strip_usage",
         "admission",
+        "arm",
     )
 
     def __init__(
@@ -113,6 +115,7 @@ class CallContext:
         self.overrides: dict[str, Any] = {}
         self.capture: TokenCapture | None = None
         self.version: ServingVersion | None = None  # the policy's adapter; None: the base model
+        self.arm: Choice | None = None  # the canary arm this call drew for its unit, if it drew one
         if plan.policy is not None and own:
             if self.temperature is not None:
                 self.overrides["temperature"] = self.temperature
@@ -203,7 +206,23 @@ class CallContext:
             # A policy with record_for_training false: recorded, never trained on (the key's own
             # opt-out is read as the call is shipped, gateway/store/calls.py).
             "trainable": self.plan.policy.record_for_training if self.plan.policy else True,
+            **self._arm_fields(),
         }, keys
+
+    def _arm_fields(self) -> dict[str, Any]:
+        """The canary arm the run was assigned at this call (apprentice/promotion/sequential.py):
+        stored on the trajectory by its first call, the stratum with it."""
+        arm = self.arm
+        if arm is None or arm.arm is None:
+            return {}
+        _, unit = self.assignment.canary_unit(self.key.tenant, self.request.group_id)
+        return {
+            "arm": arm.arm,
+            "arm_version_id": str(arm.version.id) if arm.version else None,
+            "arm_share": arm.share,
+            "arm_unit": unit,
+            "task_key": task_key(self.request.messages, self.request.body.get("tools")),
+        }
 
 
 class ChatCompletionsEndpoint:
@@ -270,16 +289,25 @@ class ChatCompletionsEndpoint:
             client_trajectory_id=request.client_trajectory_id,
         )
         assignment = self.state.trajectory_cap.admit(assignment, secret=self.state.instance_secret, tenant=key.tenant)
-        version = None
+        choice = None
         if plan.policy is not None:
+            if assignment.stitch_pending and self.state.versions.serving(plan.policy.name).canary is not None:
+                assignment = await continue_stored_run(
+                    self.state.engine,
+                    assignment,
+                    tenant=key.tenant,
+                    ship_interval_s=self.state.settings.journal.ship_interval_s,
+                    open_window_s=self.state.settings.stitching.open_window_s,
+                )
             continued = assignment.continued
-            version = self.state.versions.choose(
+            unit, _ = assignment.canary_unit(key.tenant, request.group_id)
+            choice = self.state.versions.choose(
                 plan.policy.name,
-                assignment.split_key,
+                unit,
                 continued.adapter_version_id if continued else None,
                 sticky_known=continued is not None,
             )
-            if version is None and plan.policy.teacher is not None:
+            if choice.version is None and plan.policy.teacher is not None:
                 # No version of the policy is promoted (it is behind its teacher): the teacher answers.
                 plan = self.state.router.teacher_plan(plan)
         call = CallContext(key, request, plan, assignment, started, created_at, wire)
@@ -288,7 +316,8 @@ class ChatCompletionsEndpoint:
         self.state.redact_early(
             call.call_id, call.assignment.trajectory_id, policy_name, request.body, wire.native_request()
         )
-        call.version = version
+        call.version = choice.version if choice else None
+        call.arm = choice
         call.admission = admission
         call.headers.extend(admission.headers)
         status = 500
