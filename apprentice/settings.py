@@ -176,7 +176,8 @@ class PromotionSettings(BaseModel):
     mode: Literal["automatic", "reviewed"] = "automatic"
     # Candidates that pass the gates become canaries without an admin (in both modes).
     auto_canary: bool = True
-    # Share of new trajectories the canary serves.
+    # The probability that a new run (or client group) is assigned to the canary's arm, drawn
+    # independently of its prompt; 1 serves every new run from the canary and compares nothing.
     canary_share: float = Field(default=0.2, gt=0, le=1)
     # Rewarded trajectories needed in each arm before a verdict.
     min_samples: int = Field(default=30, ge=2)
@@ -184,6 +185,10 @@ class PromotionSettings(BaseModel):
     # Interval on mean(lineage) - mean(promoted): the always-valid confidence sequence (valid at
     # every tick's look), or the fixed-sample Welch's t or percentile bootstrap (one look only).
     method: Literal["sequential", "welch", "bootstrap"] = "sequential"
+    # A run counts in the comparison once its first call is this old: its rewards arrive within
+    # this window and its value is then fixed, so each look extends the sequence the last one saw
+    # (apprentice/promotion/sequential.py). A reward arriving later still counts at later looks.
+    settle_s: float = Field(default=30.0, ge=0)
     # Automatic mode: a lineage with no verdict this long after its first canary started is
     # rejected (a long time for continuous learning: `apprentice up` sets it long).
     timeout_s: float = Field(default=24 * 3600.0, gt=0)

@@ -79,6 +79,7 @@ def default_config(data_dir: Path, port: int, model_port: int) -> dict[str, Any]
                     "min_samples": 16,
                     "confidence": 0.9,
                     "method": "sequential",
+                    "settle_s": 10,
                     "timeout_s": 3600,
                 },
             }

@@ -12,7 +12,7 @@ served):
   significantly worse on its own.
 A unit's value is the mean of its runs' *current* rewards of the configured name (status
 'linked', not superseded); units without one are left out, and so are units assigned less than
-the policy's `learning.reward_wait_s` ago (their rewards are still arriving).
+`promotion.settle_s` ago (their rewards are still arriving).
 
 The statistic: an interval on the canary's average effect, either the always-valid confidence
 sequence of `sequential` (method "sequential", the default: compares each task with its own

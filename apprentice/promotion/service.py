@@ -486,7 +486,7 @@ async def evaluate_canary(
             newest_since,
             incumbent.id if incumbent else None,
             since,
-            now - timedelta(seconds=policy.learning.reward_wait_s),
+            now - timedelta(seconds=promotion.settle_s),
             reward_name,
         )
     options: dict[str, Any] = {
