@@ -6,18 +6,27 @@ samples at the same rate:
 
 (a) the product: `apprentice up --config` (embedded PostgreSQL, the local inference server,
     the gateway, the learner with automatic promotion), driven by an agent that knows only
-    OPENAI_BASE_URL: it sends runs in groups of GROUP_SIZE at a fixed pace without waiting
-    for the learner, scores each answer itself and posts the reward 0.5-8 s later, in
-    shuffled order. "After" is the version the policy's promoted slot serves when the
-    traffic ends (what users get), evaluated at the inference server.
+    OPENAI_BASE_URL: it sends runs at a fixed pace without waiting for the learner, scores each
+    answer itself and posts the reward 0.5-8 s later, in shuffled order. "After" is the version
+    the policy's promoted slot serves when the traffic ends (what users get), evaluated at the
+    inference server. The traffic comes in one of several shapes (--traffic):
+      grouped      a random training prompt per group of GROUP_SIZE runs, named by X-Group-Id
+      repeating16  16 fixed prompts that repeat, each sent in named groups of GROUP_SIZE
+      few          4 fixed prompts that repeat, runs sent one by one without any id
+      unique       every run a prompt never seen before (a topic and a context), no id
+      two_call     runs of two calls in one conversation (a second topic asked after the first
+                   answer), one reward per run (the mean of its turns), named groups of GROUP_SIZE
+    Every shape runs at `apprentice up`'s shipped settings: nothing is tuned per shape.
 (b) the bare loop, written here with torch and peft: each step samples PROMPTS_PER_STEP
     prompts x GROUP_SIZE answers at temperature 1, rewards them, and makes one on-policy
     GRPO update (group-normalised advantages, token-mean loss). Its sample rate sets (a)'s pace.
 
-Held-out success is measured on prompts neither loop trains on, EVAL_SAMPLES samples each,
+Held-out success is measured on prompts neither loop trains on, EVAL_SAMPLES samples in all,
 with a Wilson 95% interval. The ratio of the gains and of the wall times is the figure of merit.
+Each (task, seed) runs the bare loop once; every traffic shape of it is compared with that run.
 
-    python -m bench.learning_efficiency                      # both tasks, writes docs/benchmarks.md
+    python -m bench.learning_efficiency                      # every task, grouped traffic, writes docs/benchmarks.md
+    python -m bench.learning_efficiency --task lowercase --traffic repeating16 --traffic few --seed 0 --seed 1
     python -m bench.learning_efficiency --task lowercase --samples 160 --no-write   # a quick look
 """
 
@@ -53,8 +62,15 @@ PROMPTS_PER_STEP = 4
 MAX_TOKENS = 32
 TEMPERATURE = 1.0
 LR = 1e-4
-EVAL_SAMPLES = 128
+EVAL_SAMPLES = 256
 SEED = 0
+TRAFFIC = ("grouped", "repeating16", "few", "unique", "two_call")
+# Contexts that make every prompt of the `unique` traffic one never seen before.
+CONTEXT_WORDS = (
+    "for a child, on a rainy day, in a letter, for a sailor, at a wedding, for a museum card, in a poem, "
+    "for a tourist, in a diary, for a farmer, on a postcard, for a scientist, at night, in winter, "
+    "for a friend, in a speech, for a painter, on a menu, for a teacher, in a song"
+).split(", ")
 
 TRAIN_TOPICS = TOPICS
 EVAL_TOPICS = HELD_OUT_TOPICS
@@ -78,6 +94,29 @@ def _lowercase(answer: str, ended: bool) -> float:
     return 1.0 if any(c.isalpha() for c in answer) and answer == answer.lower() else 0.0
 
 
+COLOURS = (
+    "red",
+    "orange",
+    "yellow",
+    "green",
+    "blue",
+    "purple",
+    "pink",
+    "brown",
+    "black",
+    "white",
+    "grey",
+    "gray",
+    "golden",
+    "silver",
+)
+
+
+def _names_a_colour(answer: str, ended: bool) -> float:
+    words = {w.strip(".,;:!?\"'()").lower() for w in answer.split()}
+    return 1.0 if ended and words & set(COLOURS) else 0.0
+
+
 TASKS = {
     "word_limit": Task(
         "word_limit",
@@ -92,6 +131,13 @@ TASKS = {
         lambda topic: f"Describe {topic} in one sentence, all in lowercase letters.",
         _lowercase,
         800,
+    ),
+    "colour": Task(
+        "colour",
+        "content: one sentence that names a colour, ending by itself",
+        lambda topic: f"Describe {topic} in one sentence that names its colour.",
+        _names_a_colour,
+        640,
     ),
 }
 
@@ -150,13 +196,13 @@ class LoopResult:
 class BareLoop:
     """On-policy GRPO with torch and peft, nothing of Apprentice's trainer."""
 
-    def __init__(self, model_dir: Path, threads: int) -> None:
+    def __init__(self, model_dir: Path, threads: int, seed: int) -> None:
         import torch
         from peft import LoraConfig, get_peft_model
 
         from learner.models import load_base_model
 
-        torch.manual_seed(SEED)
+        torch.manual_seed(seed)
         torch.set_num_threads(threads)
         base, self.tokenizer = load_base_model(str(model_dir), device="cpu", dtype="float32")
         self.tokenizer.padding_side = "left"
@@ -244,12 +290,12 @@ class BareLoop:
         return Evaluation(successes, n)
 
 
-def run_bare(task: Task, model_dir: Path, samples: int, threads: int) -> tuple[LoopResult, float]:
+def run_bare(task: Task, model_dir: Path, samples: int, threads: int, seed: int) -> tuple[LoopResult, float]:
     """The bare loop's result and its rate of rewarded samples per second."""
-    loop = BareLoop(model_dir, threads)
+    loop = BareLoop(model_dir, threads, seed)
     before = loop.evaluate(task)
     log(f"bare {task.name}: base {before.text()}")
-    rng = random.Random(SEED)
+    rng = random.Random(seed)
     steps = max(1, samples // (PROMPTS_PER_STEP * GROUP_SIZE))
     started = time.monotonic()
     for step in range(steps):
@@ -293,21 +339,34 @@ class Agent:
         self.deliveries: list[asyncio.Task[None]] = []
         self.rewards: list[float] = []
 
-    async def run(self, topic: str, group: str) -> None:
+    async def _call(self, messages: list[dict[str, str]], group: str | None) -> tuple[Any, float, str]:
+        """One call: (the raw response, its score, the answer's text)."""
         raw = await self.client.chat.completions.with_raw_response.create(
             model=POLICY,
-            messages=[{"role": "user", "content": self.task.prompt(topic)}],
+            messages=messages,  # type: ignore[arg-type]
             max_tokens=MAX_TOKENS,
-            extra_headers={"X-Group-Id": group},
+            extra_headers={"X-Group-Id": group} if group else None,
         )
-        completion = raw.parse()
-        choice = completion.choices[0]
-        reward = self.task.score(choice.message.content or "", choice.finish_reason == "stop")
-        self.rewards.append(reward)
-        delay = self.rng.uniform(0.5, 8.0)
-        self.deliveries.append(asyncio.create_task(self._post_later(raw.headers["x-trajectory-id"], reward, delay)))
+        choice = raw.parse().choices[0]
+        text = choice.message.content or ""
+        return raw, self.task.score(text, choice.finish_reason == "stop"), text
 
-    async def _post_later(self, trajectory_id: str, reward: float, delay: float) -> None:
+    async def run(self, prompts: list[str], group: str | None) -> None:
+        """One run: a call per prompt in one conversation, rewarded once with the mean score."""
+        messages: list[dict[str, str]] = []
+        scores, trajectory = [], None
+        for prompt in prompts:
+            messages.append({"role": "user", "content": prompt})
+            raw, score, text = await self._call(messages, group)
+            trajectory = trajectory or raw.headers["x-trajectory-id"]
+            scores.append(score)
+            messages.append({"role": "assistant", "content": text})
+        reward = sum(scores) / len(scores)
+        self.rewards.extend(scores)
+        delay = self.rng.uniform(0.5, 8.0)
+        self.deliveries.append(asyncio.create_task(self._post_later(trajectory, reward, delay)))
+
+    async def _post_later(self, trajectory_id: str | None, reward: float, delay: float) -> None:
         await asyncio.sleep(delay)
         response = await self.http.post("/rewards", json={"trajectory_id": trajectory_id, "reward": reward})
         response.raise_for_status()
@@ -318,22 +377,55 @@ class Agent:
         await self.client.close()
 
 
-async def drive(base_url: str, task: Task, samples: int, rate: float) -> float:
-    """Send `samples` runs at `rate` per second, in groups, without waiting for anything but the pace."""
-    rng = random.Random(SEED + 1)
-    agent = Agent(base_url, task, rng)
-    started = time.monotonic()
-    running: list[asyncio.Task[None]] = []
+def traffic_plan(task: Task, traffic: str, samples: int, seed: int) -> list[tuple[list[str], str | None]]:
+    """The runs of one traffic shape: each run's prompts (one per call) and its group id, if any.
+    Every shape asks for `samples` answers in all."""
+    rng = random.Random(seed + 1)
+    repeating = rng.sample(TRAIN_TOPICS, 16)
+    few = rng.sample(TRAIN_TOPICS, 4)
+    plan: list[tuple[list[str], str | None]] = []
+    if traffic == "two_call":
+        for index in range(samples // 2):
+            group, member = divmod(index, GROUP_SIZE)
+            if member == 0:
+                first, second = rng.sample(TRAIN_TOPICS, 2)
+            plan.append(([task.prompt(first), task.prompt(second)], f"{task.name}-{seed}-{group}"))
+        return plan
     for index in range(samples):
         group, member = divmod(index, GROUP_SIZE)
-        if member == 0:
-            topic = rng.choice(TRAIN_TOPICS)
-        await asyncio.sleep(max(0.0, started + index / rate - time.monotonic()))
-        running.append(asyncio.create_task(agent.run(topic, f"{task.name}-{group}")))
+        if traffic == "grouped":
+            if member == 0:
+                topic = rng.choice(TRAIN_TOPICS)
+            plan.append(([task.prompt(topic)], f"{task.name}-{seed}-{group}"))
+        elif traffic == "repeating16":
+            if member == 0:
+                topic = repeating[group % len(repeating)]
+            plan.append(([task.prompt(topic)], f"{task.name}-{seed}-{group}"))
+        elif traffic == "few":
+            plan.append(([task.prompt(rng.choice(few))], None))
+        elif traffic == "unique":
+            context = " and ".join(rng.sample(CONTEXT_WORDS, 2))
+            plan.append(([f"{task.prompt(rng.choice(TRAIN_TOPICS))} Write it {context} (note {index}).".strip()], None))
+        else:
+            raise ValueError(f"unknown traffic {traffic!r}")
+    return plan
+
+
+async def drive(base_url: str, task: Task, traffic: str, samples: int, rate: float, seed: int) -> float:
+    """Send the shape's runs at `rate` answers per second, without waiting for anything but the pace."""
+    agent = Agent(base_url, task, random.Random(seed + 2))
+    plan = traffic_plan(task, traffic, samples, seed)
+    started = time.monotonic()
+    running: list[asyncio.Task[None]] = []
+    answers = 0
+    for index, (prompts, group) in enumerate(plan):
+        await asyncio.sleep(max(0.0, started + answers / rate - time.monotonic()))
+        answers += len(prompts)
+        running.append(asyncio.create_task(agent.run(prompts, group)))
         if index % 64 == 63:
             recent = agent.rewards[-64:]
             success = sum(recent) / max(1, len(recent))
-            log(f"product {task.name}: {index + 1}/{samples} sent, recent success {success:.2f}")
+            log(f"product {task.name}/{traffic}: {answers}/{samples} answers asked, recent success {success:.2f}")
     await asyncio.gather(*running)
     await agent.close()
     return time.monotonic() - started
@@ -369,8 +461,8 @@ def serving(gateway_url: str) -> dict[str, Any]:
     return next(p for p in policies if p["name"] == POLICY)
 
 
-def run_product(task: Task, samples: int, rate: float, settle_s: float) -> LoopResult:
-    work = Path(tempfile.mkdtemp(prefix=f"apprentice-bench-{task.name}-"))
+def run_product(task: Task, traffic: str, samples: int, rate: float, settle_s: float, seed: int) -> LoopResult:
+    work = Path(tempfile.mkdtemp(prefix=f"apprentice-bench-{task.name}-{traffic}-"))
     port, model_port = free_port(), free_port()
     config_path = work / "apprentice.yaml"
     config_path.write_text(yaml.safe_dump(product_config(work / "data", port, model_port), sort_keys=False))
@@ -397,7 +489,7 @@ def run_product(task: Task, samples: int, rate: float, settle_s: float) -> LoopR
         before = asyncio.run(evaluate_served(model_url, base_name, task))
         log(f"product {task.name}: base {before.text()}; traffic at {rate:.2f} samples/s")
         started = time.monotonic()
-        asyncio.run(drive(f"{gateway_url}/v1", task, samples, rate))
+        asyncio.run(drive(f"{gateway_url}/v1", task, traffic, samples, rate, seed))
         time.sleep(settle_s)  # the last rewards' groups, the canary's last verdict
         wall = time.monotonic() - started
         policy = serving(gateway_url)
@@ -409,7 +501,7 @@ def run_product(task: Task, samples: int, rate: float, settle_s: float) -> LoopR
         if canary:
             head = asyncio.run(evaluate_served(model_url, canary, task))
             notes.append(f"canary {canary}: {head.text()}")
-        log(f"product {task.name}: {before.text()} -> {after.text()} in {wall:.0f}s; " + "; ".join(notes))
+        log(f"product {task.name}/{traffic}: {before.text()} -> {after.text()} in {wall:.0f}s; " + "; ".join(notes))
         return LoopResult(before, after, samples, wall, notes)
     finally:
         up.signal(2)  # Ctrl-C, as a person stops it
@@ -420,13 +512,18 @@ def run_product(task: Task, samples: int, rate: float, settle_s: float) -> LoopR
 # --------------------------------------------------------------------------- report
 
 
-def report(results: dict[str, tuple[Task, LoopResult, LoopResult, float]], command: str, write: bool) -> None:
+Result = tuple[Task, str, int, LoopResult, LoopResult, float]  # task, traffic, seed, bare, product, rate
+
+
+def report(results: list[Result], command: str, write: bool) -> None:
     rows = []
-    for name, (task, bare, product, rate) in results.items():
+    for task, traffic, seed, bare, product, rate in results:
         gain_ratio = product.gain / bare.gain if bare.gain > 0 else math.nan
         rows.append(
             [
-                f"{name}: {task.describe}",
+                f"{task.name}: {task.describe}",
+                traffic,
+                seed,
                 bare.samples,
                 f"{rate:.2f}/s",
                 bare.before.text(),
@@ -442,7 +539,9 @@ def report(results: dict[str, tuple[Task, LoopResult, LoopResult, float]], comma
     table = markdown_table(
         [
             "task",
-            "samples",
+            "traffic",
+            "seed",
+            "answers",
             "rate",
             "bare: before",
             "bare: after",
@@ -455,14 +554,18 @@ def report(results: dict[str, tuple[Task, LoopResult, LoopResult, float]], comma
         ],
         rows,
     )
-    notes = "\n".join(f"- {name}: " + "; ".join(product.notes) for name, (_, _, product, _) in results.items())
+    notes = "\n".join(
+        f"- {task.name}/{traffic}/seed {seed}: " + "; ".join(product.notes)
+        for task, traffic, seed, _, product, _ in results
+    )
     body = (
         f"{machine_line()}\n\nCommand: `{command}`\n\n{table}\n\n"
         f"Held-out success on {EVAL_SAMPLES} samples of {len(EVAL_TOPICS)} prompts neither loop trained on "
         "(Wilson 95% intervals). Gain ratio: (product after - before) / (bare after - before); target at "
         "least 0.8. Wall ratio: product / bare; target at most 1.5. The product's traffic is paced at the "
-        "bare loop's measured sample rate, rewards arrive 0.5-8 s late and shuffled, promotion is "
-        f"automatic (sequential test).\n\n{notes}\n"
+        "bare loop's measured answer rate, rewards arrive 0.5-8 s late and shuffled, promotion is "
+        "automatic (sequential test), at `apprentice up`'s shipped settings for every traffic shape (see the "
+        f"module's docstring for the shapes).\n\n{notes}\n"
     )
     print(body)
     if write:
@@ -473,6 +576,8 @@ def main() -> None:
     global EVAL_SAMPLES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", action="append", choices=sorted(TASKS), help="Repeatable; default: all.")
+    parser.add_argument("--traffic", action="append", choices=TRAFFIC, help="Repeatable; default: grouped.")
+    parser.add_argument("--seed", action="append", type=int, help="Repeatable; default: 0.")
     parser.add_argument("--samples", type=int, default=None, help="Rewarded samples per loop (default: per task).")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="torch threads of the bare loop.")
     parser.add_argument("--settle", type=float, default=45.0, help="Seconds after the traffic for the last verdict.")
@@ -483,13 +588,16 @@ def main() -> None:
     from learner.models import fetch_default_model
 
     model_dir = fetch_default_model()
-    results = {}
+    results: list[Result] = []
     for name in args.task or sorted(TASKS):
         task = TASKS[name]
         samples = args.samples or task.samples
-        bare, rate = run_bare(task, model_dir, samples, args.threads)
-        product = run_product(task, bare.samples, rate, args.settle)
-        results[name] = (task, bare, product, rate)
+        for seed in args.seed or [SEED]:
+            bare, rate = run_bare(task, model_dir, samples, args.threads, seed)
+            for traffic in args.traffic or ["grouped"]:
+                product = run_product(task, traffic, bare.samples, rate, args.settle, seed)
+                results.append((task, traffic, seed, bare, product, rate))
+                report(results, "python -m bench.learning_efficiency " + " ".join(sys.argv[1:]), False)
     report(results, "python -m bench.learning_efficiency " + " ".join(sys.argv[1:]), not args.no_write)
 
 
