@@ -48,7 +48,7 @@ def settings_for(database_url: str, **promotion) -> Settings:
                 "name": "agent",
                 "base_model": "base",
                 "endpoints": [f"{ENDPOINT}/v1"],
-                "promotion": {"min_samples": 10, "canary_share": 0.3, **promotion},
+                "promotion": {"min_samples": 10, "canary_share": 0.3, "settle_s": 0, **promotion},
             }
         ],
     )
@@ -81,19 +81,54 @@ def status_of(db, version_id: uuid.UUID) -> str:
 
 
 def add_rewarded(db, version_id: uuid.UUID | None, values: list[float], since: datetime | None = None) -> None:
+    """Rewarded runs served by `version_id` (None: the base model), each recorded with the arm it
+    was drawn for: the canary's for a lineage version, the incumbent's for the promoted one."""
     at = since or datetime.now(timezone.utc)
+    status = db.execute("SELECT status FROM adapter_versions WHERE id = %s", (version_id,)).fetchone()
+    arm = "incumbent" if version_id is None or (status and status[0] == "promoted") else "canary"
     for value in values:
         trajectory = uuid.uuid4()
         db.execute(
             "INSERT INTO trajectories (id, tenant, model, policy, adapter_version_id, first_call_at, "
-            "last_call_at, call_count) VALUES (%s, 't', 'agent', 'agent', %s, %s, %s, 1)",
-            (trajectory, version_id, at, at),
+            "last_call_at, call_count, arm, arm_version_id, arm_share, arm_unit, task_key) "
+            "VALUES (%s, 't', 'agent', 'agent', %s, %s, %s, 1, %s, %s, 0.3, %s, 'task')",
+            (trajectory, version_id, at, at, arm, version_id, f"run:{trajectory}"),
         )
         db.execute(
             "INSERT INTO rewards (id, tenant, target_kind, target, trajectory_id, status, linked_at, name, "
             "value, content_hash, source, observed_at) VALUES (%s, 't', 'trajectory', %s, %s, 'linked', "
             "now(), 'reward', %s, '\\x00', 'key', now())",
             (uuid.uuid4(), str(trajectory), trajectory, value),
+        )
+
+
+def add_experiment(
+    db,
+    *,
+    share: float,
+    canary: tuple[uuid.UUID, float],
+    incumbent: tuple[uuid.UUID | None, float],
+    units: int,
+    at: datetime,
+    rng: random.Random,
+) -> None:
+    """`units` runs assigned as the gateway assigns them: the canary's arm with probability
+    `share`; each arm's rewards uniform within 0.1 of its (version, mean)."""
+    for _ in range(units):
+        drawn = rng.random() < share
+        version, mean = canary if drawn else incumbent
+        trajectory = uuid.uuid4()
+        db.execute(
+            "INSERT INTO trajectories (id, tenant, model, policy, adapter_version_id, first_call_at, "
+            "last_call_at, call_count, arm, arm_version_id, arm_share, arm_unit, task_key) "
+            "VALUES (%s, 't', 'agent', 'agent', %s, %s, %s, 1, %s, %s, %s, %s, 'task')",
+            (trajectory, version, at, at, "canary" if drawn else "incumbent", version, share, f"run:{trajectory}"),
+        )
+        db.execute(
+            "INSERT INTO rewards (id, tenant, target_kind, target, trajectory_id, status, linked_at, name, "
+            "value, content_hash, source, observed_at) VALUES (%s, 't', 'trajectory', %s, %s, 'linked', "
+            "now(), 'reward', %s, '\\x00', 'key', now())",
+            (uuid.uuid4(), str(trajectory), trajectory, rng.uniform(mean - 0.1, mean + 0.1)),
         )
 
 
@@ -215,8 +250,8 @@ async def test_automatic_and_reviewed_verdicts(db, engine, vllm, database_url):
     canary = add_version(db, 2, run=add_run(db))
     await service.promotion_tick(engine, reviewed, client=client)
     assert status_of(db, canary) == "canary"
-    add_rewarded(db, canary, [rng.uniform(0.6, 1.0) for _ in range(15)])
-    add_rewarded(db, incumbent, [rng.uniform(0.0, 0.5) for _ in range(15)])
+    add_rewarded(db, canary, [rng.uniform(0.6, 1.0) for _ in range(60)])
+    add_rewarded(db, incumbent, [rng.uniform(0.0, 0.5) for _ in range(60)])
     old = datetime.now(timezone.utc) - timedelta(hours=1)
     add_rewarded(db, incumbent, [1.0] * 20, since=old)  # before the canary started: not compared
     report = await service.promotion_tick(engine, reviewed, client=client)
@@ -224,7 +259,7 @@ async def test_automatic_and_reviewed_verdicts(db, engine, vllm, database_url):
     assert any(a["action"] == "awaiting_review" for a in report.actions)
     detail = await service.version_detail(engine, reviewed, canary)
     assert detail.version.evaluation["verdict"] == "better" and detail.version.evaluation["decision"] == "review"
-    assert detail.version.evaluation["canary"]["n"] == 15 and detail.version.evaluation["incumbent"]["n"] == 15
+    assert detail.version.evaluation["canary"]["n"] == 60 and detail.version.evaluation["incumbent"]["n"] == 60
     result = await service.approve(engine, reviewed, "agent-v2", actor="alice", client=client)
     assert result.transition.changed and status_of(db, canary) == "promoted" and status_of(db, incumbent) == "retired"
 
@@ -232,8 +267,8 @@ async def test_automatic_and_reviewed_verdicts(db, engine, vllm, database_url):
     worse = add_version(db, 3, run=add_run(db))
     await service.promotion_tick(engine, automatic, client=client)
     assert status_of(db, worse) == "canary"
-    add_rewarded(db, worse, [rng.uniform(0.0, 0.3) for _ in range(12)])
-    add_rewarded(db, canary, [rng.uniform(0.5, 1.0) for _ in range(12)])
+    add_rewarded(db, worse, [rng.uniform(0.0, 0.3) for _ in range(60)])
+    add_rewarded(db, canary, [rng.uniform(0.5, 1.0) for _ in range(60)])
     await service.promotion_tick(engine, automatic, client=client)
     assert status_of(db, worse) == "rejected"
     reason = db.execute(
@@ -389,9 +424,9 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
     assert evaluation["canary"]["n"] == 8 and evaluation["newest"]["canary"]["n"] == 0
     assert evaluation["lineage"] == ["agent-v2", "agent-v3"]
 
-    # the lineage's evidence adds up: v2's eight and v3's eight against the promoted version's sixteen
-    add_rewarded(db, v3, [rng.uniform(0.5, 1.0) for _ in range(8)])
-    add_rewarded(db, v1, [rng.uniform(0.0, 0.5) for _ in range(8)])
+    # the lineage's evidence adds up: v2's eight and v3's sixty against the promoted version's 68
+    add_rewarded(db, v3, [rng.uniform(0.5, 1.0) for _ in range(60)])
+    add_rewarded(db, v1, [rng.uniform(0.0, 0.5) for _ in range(60)])
     await service.promotion_tick(engine, settings, client=client)
     assert (status_of(db, v3), status_of(db, v1), status_of(db, v2)) == ("promoted", "retired", "candidate")
     reason = db.execute(
@@ -405,9 +440,21 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
     v5 = add_version(db, 5, run=add_run(db))
     await service.promotion_tick(engine, settings, client=client)
     assert (status_of(db, v4), status_of(db, v5)) == ("candidate", "canary")
-    add_rewarded(db, v4, [rng.uniform(0.8, 1.0) for _ in range(20)])  # runs that stayed on v4
-    add_rewarded(db, v5, [rng.uniform(0.0, 0.2) for _ in range(12)])
-    add_rewarded(db, v3, [rng.uniform(0.4, 0.6) for _ in range(20)])
+    v5_since = db.execute(
+        "SELECT max(created_at) FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = 'canary'",
+        (v5,),
+    ).fetchone()[0]
+    # v4's period (before v5 became the canary): much better; v5's own: much worse
+    add_experiment(
+        db,
+        share=0.3,
+        canary=(v4, 0.9),
+        incumbent=(v3, 0.5),
+        units=400,
+        at=v5_since - timedelta(milliseconds=1),
+        rng=rng,
+    )
+    add_experiment(db, share=0.3, canary=(v5, 0.1), incumbent=(v3, 0.5), units=200, at=v5_since, rng=rng)
     await service.promotion_tick(engine, settings, client=client)
     assert (status_of(db, v4), status_of(db, v5), status_of(db, v3)) == ("rejected", "rejected", "promoted")
     reasons = {r[0] for r in db.execute("SELECT reason FROM adapter_transitions WHERE to_status = 'rejected'")}

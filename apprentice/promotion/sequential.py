@@ -24,8 +24,11 @@ running mean as the predictable baseline (a within-task comparison: a task seen 
 compared with its own history; a task seen for the first time with everything before it, the
 unstratified comparison). Which prompts each arm happens to get does not enter the mean.
 
-Z_i lies in [-c_i, c_i] with c_i = max(1/p_i, 1/(1 - p_i)); X_i = (Z_i + c_i) / (2 c_i) in
-[0, 1]. The confidence sequence is the predictable plug-in empirical-Bernstein one of
+Whichever arm unit i draws, Z_i lies in [L_i, U_i], known before its reward arrives:
+
+    L_i = min(-b_i / p_i, -(1 - b_i) / (1 - p_i))     U_i = max((1 - b_i) / p_i, b_i / (1 - p_i))
+
+and X_i = (Z_i - L_i) / (U_i - L_i) lies in [0, 1]. The confidence sequence is the predictable plug-in empirical-Bernstein one of
 Waudby-Smith and Ramdas, "Estimating means of bounded random variables by betting", JRSS-B
 86(1), 2024, Theorem 2, two-sided at alpha:
 
@@ -43,7 +46,7 @@ a canary the same until then; any predictable schedule keeps the guarantee. In s
 (16 tasks of base rates 5-95%, share 0.5, alpha 0.1) a 10-point gain is found in 96% of canaries,
 at a median of 464 units, against 45% and 1,113 with WSR's schedule.)
 
-And, with kappa_i = lambda_i / (2 c_i) the weight of unit i on the effect's scale,
+And, with kappa_i = lambda_i / (U_i - L_i) the weight of unit i on the effect's scale,
 
     estimate   = sum kappa_i Z_i / sum kappa_i
     half width = (log(2/alpha) + sum v_i psi(lambda_i)) / sum kappa_i
@@ -69,7 +72,7 @@ from dataclasses import dataclass, field
 # WSR's cap on the bet: at most 3/4 of the wealth on one unit.
 LAMBDA_MAX = 0.75
 # Units after which the bets start to shrink (see the module's docstring).
-HORIZON = 1000
+HORIZON = 500
 
 
 @dataclass(frozen=True)
@@ -116,10 +119,12 @@ class EffectSequence:
         task_sum, task_n = self._task_sums.get(unit.stratum, (0.0, 0))
         overall = self._all_sum / self._count if self._count else 0.5
         baseline = (task_sum + overall) / (task_n + 1)
-        weight = 1.0 / unit.share if unit.canary else -1.0 / (1.0 - unit.share)
-        z = weight * (y - baseline)
-        c = max(1.0 / unit.share, 1.0 / (1.0 - unit.share))
-        x = (z + c) / (2.0 * c)
+        p = unit.share
+        z = (y - baseline) / p if unit.canary else -(y - baseline) / (1.0 - p)
+        # Z's range whichever arm the unit drew (known before its reward: b and p are)
+        lower = min(-baseline / p, -(1.0 - baseline) / (1.0 - p))
+        upper = max((1.0 - baseline) / p, baseline / (1.0 - p))
+        x = (z - lower) / (upper - lower)
 
         t = self._count + 1
         mu_before = (0.5 + self._x_sum) / t  # mu_hat_{t-1}
@@ -129,7 +134,7 @@ class EffectSequence:
             LAMBDA_MAX,
             math.sqrt(2.0 * math.log(2.0 / self.alpha) / (sigma2_before * h * math.log1p(h) / math.log1p(HORIZON))),
         )
-        kappa = lam / (2.0 * c)
+        kappa = lam / (upper - lower)
         self._weight_sum += kappa
         self._weighted_z += kappa * z
         self._penalty += 4.0 * (x - mu_before) ** 2 * (-math.log1p(-lam) - lam) / 4.0
