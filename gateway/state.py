@@ -99,7 +99,7 @@ class GatewayState:
         )
         self.adapter_notifications = AdapterNotifications(database_url, self.versions.wake)
         # Extra unserved answers from each policy's lineage head, off the request path (docs/exploration.md).
-        self.explorer = Explorer(settings, self.versions, self.record, lambda: self.http)
+        self.explorer = Explorer(settings, self.versions, self.record, lambda: self.http, lambda: self.instance_secret)
         self.session: aiohttp.ClientSession | None = None
         self.instance_secret = b""
         # Redacts every record before it is journaled (gateway/redaction); None: nothing to redact.

@@ -34,7 +34,7 @@ from gateway import metrics
 from gateway.exploration.budget import HourlyTokenBudget
 from gateway.exploration.eligibility import ServedCall, skip_reason
 from gateway.policies.versions import PolicyVersions, ServingVersion
-from gateway.trajectories.stitching import new_call_id
+from gateway.trajectories.stitching import new_call_id, new_trajectory_id
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,7 @@ def unserved_records(
     upstream_model: str,
     created_at: float,
     latency_ms: float,
+    secret: bytes,
 ) -> list[dict[str, Any]]:
     """One journal record per extra answer: a trajectory of one call, unserved, in the served
     call's group, shaped as a served call's record is (the learner reads it the same way)."""
@@ -108,7 +109,8 @@ def unserved_records(
                 "protocol": "chat.completions",
                 "native_request": None,
                 "native_response": None,
-                "trajectory_id": str(new_call_id()),
+                # an id the gateway issues to the tenant, as for any new run (rewards can name it)
+                "trajectory_id": str(new_trajectory_id(secret, call.tenant)),
                 "client_trajectory_id": None,
                 "group_id": call.group_id,
                 "tenant": call.tenant,
@@ -150,8 +152,10 @@ class PolicyExplorer:
         versions: PolicyVersions,
         record: Callable[[dict[str, Any]], None],
         session: Callable[[], aiohttp.ClientSession],
+        secret: Callable[[], bytes],
     ) -> None:
         self.policy = policy
+        self.secret = secret
         self.settings = policy.learning.exploration
         self.versions = versions
         self.record = record
@@ -244,7 +248,7 @@ class PolicyExplorer:
             metrics.EXPLORATION_BUDGET_USED.labels(self.policy.name).set(self.budget.used())
             return
         answer = orjson.loads(raw)
-        records = unserved_records(call, answer, head, model, created_at, latency_ms)
+        records = unserved_records(call, answer, head, model, created_at, latency_ms, self.secret())
         generated = sum(record["completion_tokens"] for record in records)
         self.budget.settle(reservation, generated)
         for record in records:
@@ -264,8 +268,10 @@ class Explorer:
         versions: PolicyVersions,
         record: Callable[[dict[str, Any]], None],
         session: Callable[[], aiohttp.ClientSession],
+        secret: Callable[[], bytes],
     ) -> None:
         self._settings = settings
+        self._secret = secret
         self._versions = versions
         self._record = record
         self._session = session
@@ -276,7 +282,7 @@ class Explorer:
         """Make the queues and tasks (inside the running event loop)."""
         for policy in self._settings.policies:
             if policy.learning.exploration.enabled:
-                explorer = PolicyExplorer(policy, self._versions, self._record, self._session)
+                explorer = PolicyExplorer(policy, self._versions, self._record, self._session, self._secret)
                 explorer.start()
                 self.policies[policy.name] = explorer
 
