@@ -234,7 +234,8 @@ with SmolLM2's architecture, in the bench's process; two gateways in front of it
 `learning.exploration` (on: {args.extra_answers} extra answers per call, a budget that never binds).
 Open-loop Poisson arrivals at {rate:.2f} calls/s, every call {args.max_tokens} tokens (a median
 service time of {seconds * 1000:.0f} ms alone through the gateway), the rate set by a calibration
-run for about {args.busy:.0%} busy from client calls alone (the "off" rows show what it reached); {args.duration:.0f} s a run, runs alternating off / on. "Endpoint busy" is the share of 2 ms
+run for about {args.busy:.0%} busy from client calls alone (the "off" rows show what it reached);
+{args.duration:.0f} s a run, runs alternating off / on. "Endpoint busy" is the share of 2 ms
 samples with a batch running, exploration's included. Load average at start / end:
 {load:.2f} / {load_end:.2f} on a shared 2-core machine (other engineers' work included).
 
