@@ -8,11 +8,11 @@ so that its engine can be sampled: "busy" is the share of 2 ms samples in which 
 had a batch running. Two gateways in front of it, alike but for `learning.exploration`
 (off; on: 2 extra answers per call, a budget that never binds). The load is open-loop:
 Poisson arrivals at a rate set from the measured service time so that client calls alone keep
-the engine about `--busy` of the time busy; every call asks for `--max-tokens` tokens
+the engine about `--busy` (85%) of the time busy; every call asks for `--max-tokens` tokens
 (ignore_eos: a fixed length, so latencies compare). Runs alternate off / on, three of each;
 after an "on" run the next one waits until the gateway's exploration queue and the engine are idle.
 
-    python -m bench.exploration_latency            # ~2 minutes; writes its section of docs/benchmarks.md
+    python -m bench.exploration_latency            # ~6 minutes; writes its section of docs/benchmarks.md
     python -m bench.exploration_latency --quick    # a smoke run; writes nothing
 """
 
@@ -137,25 +137,90 @@ def counter(metrics: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-async def settle(client: httpx.AsyncClient, gateway: str, engine: Any) -> None:
-    """Wait until the gateway's exploration queue is empty and the engine idle."""
-    admin = gateway.removesuffix("/v1") + f"/v1/admin/policies/{POLICY}/exploration"
-    for _ in range(600):
-        report = (await client.get(admin)).json()
-        queued = (report.get("this_process") or {}).get("queued", 0)
-        if not queued and not engine.num_running:
-            await asyncio.sleep(0.3)
-            if not engine.num_running:
-                return
-        await asyncio.sleep(0.1)
+class SimulatedMeter:
+    """The simulated endpoint's busy share over a run (its own count of busy time)."""
+
+    def __init__(self, endpoint: Any) -> None:
+        self.endpoint = endpoint
+        self.share = 0.0
+
+    def __enter__(self) -> SimulatedMeter:
+        self._busy, self._start = self.endpoint.busy_s, time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.share = (self.endpoint.busy_s - self._busy) / max(time.monotonic() - self._start, 1e-9)
 
 
-async def run(args: argparse.Namespace) -> str:
+class Target:
+    """The endpoint under the gateways: its URL, a busy meter, its abandoned count, idleness."""
+
+    def __init__(self, url: str, meter: Any, abandoned: Any, busy_now: Any, describe: str) -> None:
+        self.url, self.meter, self.abandoned, self.busy_now, self.describe = url, meter, abandoned, busy_now, describe
+
+
+async def simulated_target(step_ms: float) -> tuple[Target, Any]:
+    from aiohttp import web
+
+    from apprentice.processes import free_port
+    from bench.priority_endpoint import PriorityEndpoint
+
+    endpoint = PriorityEndpoint(step_s=step_ms / 1000.0)
+    runner = web.AppRunner(endpoint.app())
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    target = Target(
+        f"http://127.0.0.1:{port}/v1",
+        lambda: SimulatedMeter(endpoint),
+        lambda: endpoint.abandoned,
+        lambda: bool(endpoint.running or endpoint.waiting),
+        f"a simulated endpoint (bench/priority_endpoint.py: continuous batching, {step_ms:.0f} ms a decode "
+        "step as a GPU would take whatever the CPU does, the local server's priority rules)",
+    )
+    return target, runner.cleanup
+
+
+def local_target() -> tuple[Target, Any]:
     from tests.learner.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(Path(tempfile.mkdtemp(prefix="bench-exploration-model-")) / "tiny")
     server, endpoint, state = start_server(model_dir)
     engine = state.engine
+    target = Target(
+        endpoint,
+        lambda: BusySampler(engine),
+        lambda: engine.stats.abandoned,
+        lambda: bool(engine.num_running),
+        "the local inference server (priority scheduling) on a tiny random model with SmolLM2's "
+        "architecture, in the bench's process (its decode steps take CPU time on the shared cores)",
+    )
+
+    async def stop() -> None:
+        server.should_exit = True
+
+    return target, stop
+
+
+async def settle(client: httpx.AsyncClient, gateway: str, target: Target) -> None:
+    """Wait until the gateway's exploration queue is empty and the endpoint idle."""
+    admin = gateway.removesuffix("/v1") + f"/v1/admin/policies/{POLICY}/exploration"
+    for _ in range(600):
+        report = (await client.get(admin)).json()
+        queued = (report.get("this_process") or {}).get("queued", 0)
+        if not queued and not target.busy_now():
+            await asyncio.sleep(0.3)
+            if not target.busy_now():
+                return
+        await asyncio.sleep(0.1)
+
+
+async def run(args: argparse.Namespace) -> str:
+    if args.endpoint == "simulated":
+        target, stop = await simulated_target(args.step_ms)
+    else:
+        target, stop = local_target()
+    endpoint = target.url
     policy: dict[str, Any] = {"name": POLICY, "base_model": "tiny-base", "endpoints": [endpoint], "temperature": 1.0}
     exploring = {
         **policy,
@@ -183,15 +248,15 @@ async def run(args: argparse.Namespace) -> str:
                 # hops, a busy machine): one calibration run at that rate, then the rate scaled so
                 # that client calls alone keep the engine `busy` of the time busy.
                 first = args.busy / seconds
-                with BusySampler(engine) as sampler:
+                with target.meter() as sampler:
                     await open_loop(client, gateways["off"], first, args.duration / 2, args.max_tokens)
                 rate = min(first * args.busy / max(sampler.share, 0.05), 4 * first)
-                await settle(client, gateways["off"], engine)
+                await settle(client, gateways["off"], target)
                 for number in range(1, args.runs + 1):
                     for mode, url in gateways.items():
                         before = (await client.get(url.removesuffix("/v1") + "/metrics")).text
-                        abandoned = engine.stats.abandoned
-                        with BusySampler(engine) as sampler:
+                        abandoned = target.abandoned()
+                        with target.meter() as sampler:
                             latencies = await open_loop(client, url, rate, args.duration, args.max_tokens)
                         after = (await client.get(url.removesuffix("/v1") + "/metrics")).text
                         answers = counter(after, "apprentice_exploration_answers_total") - counter(
@@ -206,13 +271,13 @@ async def run(args: argparse.Namespace) -> str:
                                 f"{percentile(latencies, 0.99):.1f}",
                                 f"{sampler.share:.0%}",
                                 int(answers),
-                                engine.stats.abandoned - abandoned,
+                                target.abandoned() - abandoned,
                             ]
                         )
                         print(rows[-1], flush=True)
-                        await settle(client, url, engine)
+                        await settle(client, url, target)
     finally:
-        server.should_exit = True
+        await stop()
     load_end = os.getloadavg()[0]
     table = markdown_table(
         [
@@ -227,33 +292,35 @@ async def run(args: argparse.Namespace) -> str:
         ],
         rows,
     )
-    return f"""Command: `python -m bench.exploration_latency` ({machine_line()})
+    return f"""Command: `python -m bench.exploration_latency --endpoint {args.endpoint}` ({machine_line()})
 
-The policy's endpoint is the local inference server (priority scheduling) on a tiny random model
-with SmolLM2's architecture, in the bench's process; two gateways in front of it differ only in
+The policy's endpoint is {target.describe}; two gateways in front of it differ only in
 `learning.exploration` (on: {args.extra_answers} extra answers per call, a budget that never binds).
 Open-loop Poisson arrivals at {rate:.2f} calls/s, every call {args.max_tokens} tokens (a median
 service time of {seconds * 1000:.0f} ms alone through the gateway), the rate set by a calibration
 run for about {args.busy:.0%} busy from client calls alone (the "off" rows show what it reached);
-{args.duration:.0f} s a run, runs alternating off / on. "Endpoint busy" is the share of 2 ms
-samples with a batch running, exploration's included. Load average at start / end:
+{args.duration:.0f} s a run, runs alternating off / on. "Endpoint busy" is the share of the run's
+time with a batch running, exploration's included. Load average at start / end:
 {load:.2f} / {load_end:.2f} on a shared 2-core machine (other engineers' work included).
 
 {table}
 
 Exploration fills the endpoint's idle time (busy rises towards 100%) and gives way: a client
 call that arrives while exploration runs abandons it (the last column), so client calls never
-share a decode step with it. What remains of a difference is what sharing the event loop and
-the cores costs (the gateway builds and records the extra answers, the CPU decodes them).
+share a decode step with it; but it may have to wait for the end of the step in progress (the
+engine is rarely idle when exploring), and the gateway spends CPU building and recording the
+extra answers (and, on the local endpoint, the CPU decodes them): what differences remain.
 """
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    parser.add_argument("--endpoint", choices=["simulated", "local"], default="simulated")
+    parser.add_argument("--step-ms", type=float, default=20.0, help="the simulated endpoint's decode step")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=15.0)
-    parser.add_argument("--busy", type=float, default=0.75)
-    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--duration", type=float, default=25.0)
+    parser.add_argument("--busy", type=float, default=0.85)
+    parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--extra-answers", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
     args = parser.parse_args()
@@ -262,7 +329,7 @@ def main() -> None:
     report = asyncio.run(run(args))
     print(report)
     if not args.quick:
-        write_section(TITLE, report)
+        write_section(f"{TITLE} ({args.endpoint} endpoint)", report)
 
 
 if __name__ == "__main__":
