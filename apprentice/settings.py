@@ -273,6 +273,48 @@ class KubernetesJobSettings(BaseModel):
     context: str | None = None
 
 
+class ExplorationSettings(BaseModel):
+    """Exploration samples (gateway/exploration, docs/exploration.md): after a client has its
+    answer, the gateway asks the policy's lineage head for `extra_answers` more answers to the
+    same request, at low priority, and records them as unserved attempts in the served call's
+    group, so that a prompt that never repeats still makes a group the learner can compare.
+
+    Off by default (extra_answers 0). The budget counts generated tokens in any sliding hour,
+    per gateway process: a request is sent only when its worst case (k x its max_tokens) fits.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # How many unserved answers to ask for per explored call (vLLM's `n`); 0: no exploration.
+    extra_answers: int = Field(default=0, ge=0, le=16)
+    # Extra generated tokens allowed in any sliding hour (per gateway process).
+    budget_tokens_per_hour: int = Field(default=0, ge=0)
+    # The share of eligible calls explored (the budget may leave fewer).
+    share: float = Field(default=1.0, gt=0, le=1)
+    # max_tokens of each extra answer when the client set none (the client's own otherwise).
+    max_tokens: int = Field(default=512, ge=1)
+    # vLLM's `priority` field (lower values are scheduled first, client calls send none: 0);
+    # needs `--scheduling-policy priority` on vLLM (the local server always has it). None: the
+    # field is not sent, for endpoints without priority scheduling.
+    priority: int | None = 10
+    # Calls waiting for exploration in each gateway process; a full queue drops the newest.
+    queue_size: int = Field(default=64, ge=1)
+    # Exploration requests in flight at once per gateway process.
+    concurrency: int = Field(default=2, ge=1)
+    # Explore streamed calls too (after their stream ended; the extra answers are not streamed).
+    streamed: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.extra_answers > 0 and self.budget_tokens_per_hour > 0
+
+    @model_validator(mode="after")
+    def _budget_for_answers(self) -> ExplorationSettings:
+        if self.extra_answers > 0 and self.budget_tokens_per_hour == 0:
+            raise ValueError("exploration: extra_answers needs budget_tokens_per_hour (extra tokens an hour)")
+        return self
+
+
 class LearningSettings(BaseModel):
     """How the learner turns a policy's rewarded trajectories into a new LoRA adapter (GRPO).
 
@@ -367,6 +409,8 @@ class LearningSettings(BaseModel):
     # Extra torchrun arguments (e.g. ["--nnodes", "2", "--rdzv-endpoint", "host:29400"]).
     torchrun_args: list[str] = Field(default_factory=list)
     kubernetes: KubernetesJobSettings | None = None
+    # Exploration samples: extra unserved answers from the lineage head (ExplorationSettings).
+    exploration: ExplorationSettings = Field(default_factory=lambda: ExplorationSettings())
 
     @model_validator(mode="after")
     def _launcher_needs(self) -> LearningSettings:

@@ -118,6 +118,29 @@ JUDGE_GROUPS_READY = Gauge(
     multiprocess_mode="livemostrecent",
 )
 
+# Exploration samples (gateway/exploration): extra unserved answers from the lineage head. The
+# tokens counter is the spend; the gauge is each live process's last hour (budgets are per process).
+EXPLORATION_CALLS = Counter(
+    "apprentice_exploration_calls_total",
+    "Policy calls offered to exploration: queued, queue_full, or skipped_<reason>",
+    ["policy", "outcome"],
+)
+EXPLORATION_REQUESTS = Counter(
+    "apprentice_exploration_requests_total",
+    "Exploration requests by outcome (recorded, over_budget, abandoned, adapter_missing, ...)",
+    ["policy", "outcome"],
+)
+EXPLORATION_ANSWERS = Counter("apprentice_exploration_answers_total", "Unserved answers recorded", ["policy"])
+EXPLORATION_TOKENS = Counter(
+    "apprentice_exploration_tokens_total", "Tokens generated for exploration (its spend)", ["policy"]
+)
+EXPLORATION_BUDGET_USED = Gauge(
+    "apprentice_exploration_budget_used_tokens",
+    "Exploration tokens reserved or generated in the last hour, all live gateway processes together",
+    ["policy"],
+    multiprocess_mode="livesum",
+)
+
 
 def status_class(status: int) -> str:
     return f"{status // 100}xx"

@@ -20,6 +20,7 @@ from apprentice.store.engine import make_async_engine
 from apprentice.store.secrets import instance_secret
 from gateway import metrics
 from gateway.auth.keys import KeyCache, KeyInfo
+from gateway.exploration.explorer import Explorer
 from gateway.history import HistoryMaintenance
 from gateway.http.asgi import header
 from gateway.http.errors import GatewayError
@@ -97,6 +98,8 @@ class GatewayState:
             sticky_grace_s=sticky_graces(settings.policies),
         )
         self.adapter_notifications = AdapterNotifications(database_url, self.versions.wake)
+        # Extra unserved answers from each policy's lineage head, off the request path (docs/exploration.md).
+        self.explorer = Explorer(settings, self.versions, self.record, lambda: self.http, lambda: self.instance_secret)
         self.session: aiohttp.ClientSession | None = None
         self.instance_secret = b""
         # Redacts every record before it is journaled (gateway/redaction); None: nothing to redact.
@@ -147,10 +150,12 @@ class GatewayState:
         self.judge.start()
         if self.tracer is not None:
             self.tracer.start()
+        self.explorer.start()
 
     async def stop(self) -> None:
         """Graceful: in-flight calls are done (the server waited); ship what is left."""
         for step in (
+            self.explorer.stop,
             self.judge.stop,
             self.adapter_notifications.stop,
             self.keys.stop,

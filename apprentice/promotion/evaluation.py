@@ -338,6 +338,7 @@ async def canary_units(
             trajectories.c.policy == policy,
             trajectories.c.merged_into.is_(None),
             trajectories.c.arm.is_not(None),
+            trajectories.c.served,  # exploration's unserved answers are never in an arm
             trajectories.c.first_call_at >= since,
             trajectories.c.first_call_at < settled_before,
             ((trajectories.c.arm == "canary") & trajectories.c.arm_version_id.in_(lineage))

@@ -85,6 +85,9 @@ trajectories = Table(
     # 0009: false when a call of it came from a key that opted out of training or from a policy
     # with record_for_training false: recorded for observability, never selected or judged.
     Column("trainable", Boolean, nullable=False, server_default=text("true")),
+    # 0015: false for an exploration sample (gateway/exploration): an answer no client saw,
+    # trained on with its group, never counted in the canary's arms.
+    Column("served", Boolean, nullable=False, server_default=text("true")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # 0013: the canary arm the run was assigned at its first call (analysis by assigned arm),
     # the version it pointed to, the probability of the canary's arm then, the randomised unit
@@ -172,6 +175,8 @@ calls = Table(
     # stitches such calls once the parent is stored.
     Column("stitch_pending", Boolean, nullable=False, server_default="false"),
     Column("shipped_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # 0015: an unserved attempt (exploration sample): the served call whose request it answered.
+    Column("explores_call_id", UUID(as_uuid=True)),
     Index("ix_calls_response_id", "response_id"),
     Index("ix_calls_trajectory", "trajectory_id", "created_at"),
     Index("ix_calls_policy_created", "policy", "created_at"),

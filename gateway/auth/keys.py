@@ -45,6 +45,9 @@ class KeyInfo:
     # The key's own limits (RateLimits fields it sets; absent ones fall back to the configured
     # default, a null lifts that limit); empty: the defaults.
     limits: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # The key opted out of training (api_keys.training_opt_out), as of the cache's last refresh:
+    # exploration skips its calls (the shipper reads the flag itself for what trains).
+    training_opt_out: bool = False
 
     @property
     def is_admin(self) -> bool:
@@ -193,10 +196,18 @@ class KeyCache:
                     api_keys.c.role,
                     api_keys.c.key_hash,
                     api_keys.c.limits,
+                    api_keys.c.training_opt_out,
                 ).where(api_keys.c.revoked_at.is_(None))
             )
             self._keys = {
-                row.key_hash: KeyInfo(row.id, row.name, row.tenant, row.role, _stored_limits(row.limits, row.name))
+                row.key_hash: KeyInfo(
+                    row.id,
+                    row.name,
+                    row.tenant,
+                    row.role,
+                    _stored_limits(row.limits, row.name),
+                    training_opt_out=row.training_opt_out,
+                )
                 for row in rows
             }
         self._misses.clear()
@@ -226,11 +237,23 @@ class KeyCache:
         async with self.engine.connect() as connection:
             row = (
                 await connection.execute(
-                    select(api_keys.c.id, api_keys.c.name, api_keys.c.tenant, api_keys.c.role, api_keys.c.limits).where(
-                        api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None)
-                    )
+                    select(
+                        api_keys.c.id,
+                        api_keys.c.name,
+                        api_keys.c.tenant,
+                        api_keys.c.role,
+                        api_keys.c.limits,
+                        api_keys.c.training_opt_out,
+                    ).where(api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None))
                 )
             ).first()
         if row is None:
             return None
-        return KeyInfo(row.id, row.name, row.tenant, row.role, _stored_limits(row.limits, row.name))
+        return KeyInfo(
+            row.id,
+            row.name,
+            row.tenant,
+            row.role,
+            _stored_limits(row.limits, row.name),
+            training_opt_out=row.training_opt_out,
+        )

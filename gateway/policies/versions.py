@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from apprentice.promotion.lineage import LINEAGE_STATUSES, lineage_head
+from apprentice.promotion.rows import AdapterVersion
 from apprentice.promotion.status import SERVING, VersionStatus
 from apprentice.settings import PolicySettings
 from apprentice.store.tables import adapter_versions
@@ -56,7 +58,8 @@ from gateway.workers import PeriodicWorker
 
 log = logging.getLogger(__name__)
 
-SERVING_STATUSES = tuple(sorted(status.value for status in SERVING))
+# Read by the same poll: the serving versions and the lineage's, whose head exploration samples.
+POLLED_STATUSES = tuple(sorted(status.value for status in SERVING | LINEAGE_STATUSES))
 
 # A run stays on a version that stopped serving for this share of the policy's unload grace:
 # the rest is margin for gateways that learn of the change late and calls still in flight.
@@ -154,6 +157,7 @@ class PolicyVersions:
         self.sticky_grace_s = dict(sticky_grace_s or {})
         self._serving: dict[str, PolicyServing] = {}
         self._stopped: dict[uuid.UUID, StoppedVersion] = {}
+        self._heads: dict[str, ServingVersion | None] = {}
         self.loaded = asyncio.Event()
         self.worker = PeriodicWorker("adapter-version-poll", self.refresh, interval_s=poll_interval_s)
 
@@ -173,27 +177,36 @@ class PolicyVersions:
     async def refresh(self) -> None:
         async with self.engine.connect() as connection:
             rows = await connection.execute(
-                select(
-                    adapter_versions.c.policy,
-                    adapter_versions.c.id,
-                    adapter_versions.c.name,
-                    adapter_versions.c.status,
-                    adapter_versions.c.canary_share,
-                ).where(adapter_versions.c.status.in_(SERVING_STATUSES))
+                select(adapter_versions).where(adapter_versions.c.status.in_(POLLED_STATUSES))
             )
             serving: dict[str, dict[str, object]] = {}
+            by_policy: dict[str, list[AdapterVersion]] = {}
             for row in rows:
-                entry = serving.setdefault(row.policy, {})
-                version = ServingVersion(row.id, row.name)
-                if row.status == VersionStatus.PROMOTED:
+                polled = AdapterVersion.from_row(row)
+                by_policy.setdefault(polled.policy, []).append(polled)
+                if not polled.status.serving:
+                    continue
+                entry = serving.setdefault(polled.policy, {})
+                version = ServingVersion(polled.id, polled.name)
+                if polled.status == VersionStatus.PROMOTED:
                     entry["promoted"] = version
                 else:
                     entry["canary"] = version
-                    entry["canary_share"] = float(row.canary_share or 0.0)
+                    entry["canary_share"] = float(polled.canary_share or 0.0)
         fresh = {policy: PolicyServing(**entry) for policy, entry in serving.items()}  # type: ignore[arg-type]
         self._remember_stopped(self._serving, fresh, time.monotonic())
         self._serving = fresh
+        self._heads = {
+            policy: ServingVersion(head.id, head.name) if (head := lineage_head(versions)) is not None else None
+            for policy, versions in by_policy.items()
+        }
         self.loaded.set()
+
+    def lineage_head(self, policy: str) -> ServingVersion | None:
+        """The version the policy's next learner run continues (apprentice.promotion.lineage):
+        what exploration samples, on-policy for the learner whatever the canary share. None:
+        the base model."""
+        return self._heads.get(policy)
 
     def _remember_stopped(self, before: dict[str, PolicyServing], after: dict[str, PolicyServing], now: float) -> None:
         """Note the versions that served before and do not now; forget those past their grace

@@ -11,6 +11,10 @@ drawn when the run started.
 A trajectory is trainable while every call of it is: the record's `trainable` (false for a
 policy with record_for_training off) and the key's `training_opt_out`, read here as the calls
 land (within a ship interval of the call), so an opt-out needs no gateway restart or cache.
+
+An unserved attempt (an exploration sample, gateway/exploration) is a record with `served`
+false and `explores_call_id` naming the served call it explores: its trajectory is stored with
+`served` false, which the canary's arms leave out.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ WITH key_flags AS MATERIALIZED (
     INSERT INTO calls (id, response_id, trajectory_id, tenant, api_key_id, model, policy, upstream,
                        upstream_model, adapter_version_id, created_at, latency_ms, ttft_ms, status_code,
                        error, stream, request, response, prompt_tokens, completion_tokens, temperature,
-                       continuation_key, parent_key, stitch_pending, protocol, native_request, native_response)
+                       continuation_key, parent_key, stitch_pending, protocol, native_request, native_response,
+                       explores_call_id)
     SELECT (r->>'id')::uuid, r->>'response_id', (r->>'trajectory_id')::uuid, r->>'tenant',
            (r->>'api_key_id')::uuid, r->>'model', r->>'policy', r->>'upstream', r->>'upstream_model',
            (r->>'adapter_version_id')::uuid, to_timestamp((r->>'created_at')::float8),
@@ -56,7 +61,8 @@ WITH key_flags AS MATERIALIZED (
            decode(r->>'continuation_key', 'hex'), decode(r->>'parent_key', 'hex'),
            coalesce((r->>'stitch_pending')::boolean, false), coalesce(r->>'protocol', 'chat.completions'),
            CASE WHEN jsonb_typeof(r->'native_request') = 'null' THEN NULL ELSE r->'native_request' END,
-           CASE WHEN jsonb_typeof(r->'native_response') = 'null' THEN NULL ELSE r->'native_response' END
+           CASE WHEN jsonb_typeof(r->'native_response') = 'null' THEN NULL ELSE r->'native_response' END,
+           (r->>'explores_call_id')::uuid
     FROM incoming_calls
     ON CONFLICT (id, created_at) DO NOTHING  -- the primary key (partitioned: migration 0012)
     RETURNING id, trajectory_id, tenant, model, policy, adapter_version_id, created_at
@@ -77,16 +83,17 @@ WITH key_flags AS MATERIALIZED (
            max(i.created_at) AS last_call_at,
            count(*) AS n,
            bool_and(coalesce((c.r->>'trainable')::boolean, true) AND NOT coalesce(k.training_opt_out, false))
-               AS trainable
+               AS trainable,
+           bool_and(coalesce((c.r->>'served')::boolean, true)) AS served
     FROM inserted i JOIN incoming_calls c ON (c.r->>'id')::uuid = i.id
     LEFT JOIN key_flags k ON k.id = (c.r->>'api_key_id')::uuid
     GROUP BY i.trajectory_id
 )
 INSERT INTO trajectories AS t (id, tenant, model, policy, adapter_version_id, client_trajectory_id,
-                               group_id, first_call_at, last_call_at, call_count, trainable,
+                               group_id, first_call_at, last_call_at, call_count, trainable, served,
                                arm, arm_version_id, arm_share, arm_unit, task_key)
 SELECT trajectory_id, tenant, model, policy, adapter_version_id, client_trajectory_id, group_id,
-       first_call_at, last_call_at, n, trainable, arm, arm_version_id, arm_share, arm_unit, task_key
+       first_call_at, last_call_at, n, trainable, served, arm, arm_version_id, arm_share, arm_unit, task_key
 FROM per_trajectory
 ON CONFLICT (id) DO UPDATE SET
     first_call_at = least(t.first_call_at, excluded.first_call_at),
@@ -94,7 +101,8 @@ ON CONFLICT (id) DO UPDATE SET
     call_count = t.call_count + excluded.call_count,
     client_trajectory_id = coalesce(t.client_trajectory_id, excluded.client_trajectory_id),
     group_id = coalesce(excluded.group_id, t.group_id),
-    trainable = t.trainable AND excluded.trainable
+    trainable = t.trainable AND excluded.trainable,
+    served = t.served AND excluded.served
 """
 
 # Calls whose parent (the previous call of the same run) was served by another process:

@@ -19,6 +19,14 @@ Invariants:
   waits nothing new is admitted, so the running batch drains. A request whose adapter was
   unloaded while it waited fails with UnknownAdapterError when its turn comes.
 
+Priority (vLLM's `priority` field: lower values first, 0 by default): waiting requests are
+admitted most urgent first (then oldest first), and a less urgent request starts only while no
+more urgent one waits or runs; when a more urgent request arrives, the running sequences of less
+urgent requests are abandoned (their requests fail with RequestAbandoned) before the next step,
+so a batch holds one priority at a time and a client's request never shares decode steps with
+less urgent work (on a CPU every row of a batch costs the step time). The gateway's exploration samples
+(gateway/exploration) are such requests: work that is worth doing only on idle capacity.
+
 torch releases the GIL while it computes, so the event loop keeps answering HTTP requests and
 streaming tokens meanwhile.
 """
@@ -44,6 +52,10 @@ from learner.serving.adapters import LoraManager
 from learner.serving.sampling import SamplingParams, make_generator, processed_logprobs, sample_row, top_logprobs
 
 log = logging.getLogger(__name__)
+
+
+class RequestAbandoned(Exception):
+    """A less urgent request gave way to a more urgent one (see "Priority" above)."""
 
 
 class UnknownAdapterError(Exception):
@@ -82,6 +94,7 @@ class EngineStats:
     max_batch_size: int = 0
     prefills: int = 0
     mixed_steps: int = 0  # forward passes (prefills too) whose rows used several adapters, or an adapter and the base
+    abandoned: int = 0  # requests abandoned for a more urgent one (see "Priority")
 
 
 class _Request:
@@ -92,12 +105,14 @@ class _Request:
         params: SamplingParams,
         adapter: str | None,
         sink: Callable[[list[SequenceUpdate] | BaseException], None],
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.params = params
         self.adapter = adapter
         self.sink = sink
+        self.priority = priority
         self.cancelled = False
         self.arrival = time.monotonic()
 
@@ -238,7 +253,7 @@ class GenerationEngine:
         return await asyncio.wrap_future(future)
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, adapter: str | None = None
+        self, prompt_ids: list[int], params: SamplingParams, adapter: str | None = None, priority: int = 0
     ) -> AsyncIterator[list[SequenceUpdate]]:
         """Yield each step's updates for this request until all its choices have finished."""
         loop = asyncio.get_running_loop()
@@ -250,7 +265,7 @@ class GenerationEngine:
             except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
                 pass
 
-        request = _Request(f"req-{next(self._ids)}", prompt_ids, params, adapter, sink)
+        request = _Request(f"req-{next(self._ids)}", prompt_ids, params, adapter, sink, priority)
         with self._cond:
             self._waiting.append(request)
             self._cond.notify_all()
@@ -317,26 +332,51 @@ class GenerationEngine:
     def _take_waiting(self) -> list[_Request]:
         """Waiting requests that may join now, whatever their adapter: oldest first, within the batch size.
 
-        The first request that does not fit ends the turn, so younger (smaller) requests never
-        overtake it; a request larger than the whole batch (n > max_batch_size) runs alone.
+        Most urgent first, then oldest first (see "Priority"). The first request that does not fit
+        ends the turn, so younger (smaller) or less urgent requests never overtake it; a request
+        larger than the whole batch (n > max_batch_size) runs alone.
         """
         with self._cond:
             if self._commands or self._draining:
                 return []
+            if any(request.cancelled for request in self._waiting):
+                self._waiting = deque(request for request in self._waiting if not request.cancelled)
             room = self.max_batch_size - (len(self._batch.seqs) if self._batch else 0)
+            # A less urgent request never joins a batch that runs more urgent ones.
+            running = min((seq.request.priority for seq in self._batch.seqs), default=None) if self._batch else None
             taken: list[_Request] = []
-            while self._waiting and room > 0:
-                request = self._waiting[0]
-                if request.cancelled:
-                    self._waiting.popleft()
-                    continue
-                if request.params.n > room and (taken or self._batch is not None):
+            for request in sorted(self._waiting, key=lambda r: (r.priority, r.arrival)):
+                if room <= 0 or (request.params.n > room and (taken or self._batch is not None)):
                     break
-                taken.append(self._waiting.popleft())
+                if running is not None and request.priority > running:
+                    break
+                taken.append(request)
                 room -= request.params.n
+            for request in taken:
+                self._waiting.remove(request)
             return taken
 
+    def _abandon_less_urgent(self) -> None:
+        """Abandon the running requests less urgent than the most urgent waiting one."""
+        batch = self._batch
+        if batch is None:
+            return
+        with self._cond:
+            urgent = min((r.priority for r in self._waiting if not r.cancelled), default=None)
+        if urgent is None:
+            return
+        victims = {id(s.request): s.request for s in batch.seqs if s.request.priority > urgent}
+        for request in victims.values():
+            request.cancelled = True
+            self.stats.abandoned += 1
+            request.sink(
+                RequestAbandoned(f"abandoned for a request of priority {urgent} (its own: {request.priority})")
+            )
+        if victims:
+            self._prune()
+
     def _admit(self) -> None:
+        self._abandon_less_urgent()
         requests: list[_Request] = []
         for request in self._take_waiting():
             if request.adapter is not None and request.adapter not in self.lora.adapters:

@@ -143,6 +143,10 @@ class ChatCompletionRequest(OpenAIBaseModel):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_ids: bool | None = None
+    # vLLM's scheduling priority (with --scheduling-policy priority): lower values first, 0 by
+    # default. Here a request waits while a more urgent one waits, and is abandoned (503) when
+    # one arrives while it runs (learner/serving/engine.py, "Priority").
+    priority: int = 0
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:

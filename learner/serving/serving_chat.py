@@ -19,7 +19,13 @@ from http import HTTPStatus
 from typing import Any
 
 from learner.chat_template import render_chat_ids
-from learner.serving.engine import GenerationEngine, SequenceUpdate, TokenLogprob, UnknownAdapterError
+from learner.serving.engine import (
+    GenerationEngine,
+    RequestAbandoned,
+    SequenceUpdate,
+    TokenLogprob,
+    UnknownAdapterError,
+)
 from learner.serving.protocol import (
     APIError,
     ChatCompletionLogProb,
@@ -122,7 +128,7 @@ class OpenAIServingChat:
         model_name = request.model or self.models.base_name
         prompt_ids = self.render(request)
         params = self.sampling_params(request, len(prompt_ids))
-        updates = self.engine.generate(prompt_ids, params, adapter)
+        updates = self.engine.generate(prompt_ids, params, adapter, request.priority)
         if request.stream:
             return self._stream(request, model_name, prompt_ids, params, updates)
         return await self._collect(request, model_name, prompt_ids, params, updates)
@@ -144,6 +150,8 @@ class OpenAIServingChat:
             raise APIError(
                 f"The model `{exc.name}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND, param="model"
             ) from exc
+        except RequestAbandoned as exc:  # a more urgent request arrived (the `priority` field)
+            raise APIError(str(exc), "ServiceUnavailableError", HTTPStatus.SERVICE_UNAVAILABLE) from exc
         return_ids = bool(request.return_token_ids)
         out = [
             ChatCompletionResponseChoice(
@@ -216,6 +224,9 @@ class OpenAIServingChat:
                 )
         except UnknownAdapterError as exc:
             error = APIError(f"The model `{exc.name}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND)
+            yield f"data: {error.response().model_dump_json()}\n\n"
+        except RequestAbandoned as exc:
+            error = APIError(str(exc), "ServiceUnavailableError", HTTPStatus.SERVICE_UNAVAILABLE)
             yield f"data: {error.response().model_dump_json()}\n\n"
         except Exception as exc:  # the stream has started: report in-band, as vLLM does
             log.exception("stream failed")

@@ -24,6 +24,7 @@ from gateway.endpoints.chat_completions.policy_tokens import TokenCapture, captu
 from gateway.endpoints.chat_completions.request import ChatRequest, parse_chat_request
 from gateway.endpoints.chat_completions.sse import EventRelay
 from gateway.endpoints.chat_completions.wire import CHAT_WIRE, TranslatingWire, Wire
+from gateway.exploration.eligibility import ServedCall
 from gateway.http.asgi import (
     JSON_HEADERS,
     SSE_HEADERS,
@@ -84,6 +85,7 @@ class CallContext:
         "strip_usage",
         "admission",
         "arm",
+        "judging",
     )
 
     def __init__(
@@ -106,7 +108,7 @@ class CallContext:
         self.assignment = assignment
         # A policy's temperature is for its own runs (GRPO needs variety); the LLM judge's calls to a
         # policy keep the judge's own (they are never trained on, see gateway/judging).
-        judging = (assignment.client_trajectory_id or "").startswith(JUDGE_TRAJECTORY_PREFIX)
+        self.judging = judging = (assignment.client_trajectory_id or "").startswith(JUDGE_TRAJECTORY_PREFIX)
         # A call its teacher answers (apprentice.settings.TeacherSettings) is the hosted model's, as the
         # client sent it: no policy temperature, no token capture (those fields are vLLM's own).
         own = plan.policy is not None and not plan.teacher
@@ -163,6 +165,28 @@ class CallContext:
     def teacher_overrides(self) -> dict[str, Any]:
         """What a teacher answering as the fallback is sent of the overrides: the usage request only."""
         return {k: v for k, v in self.overrides.items() if k == "stream_options"}
+
+    def served_call(self) -> ServedCall | None:
+        """What exploration needs of this call once the client has its answer (None: not a
+        policy's call answered by one of its own endpoints)."""
+        policy, target = self.plan.policy, self.target
+        if policy is None or target is None or not target.direct:
+            return None
+        return ServedCall(
+            call_id=self.call_id,
+            policy=policy,
+            tenant=self.key.tenant,
+            api_key_id=self.key.id,
+            key_opted_out=self.key.training_opt_out,
+            judging=self.judging,
+            teacher=self.plan.teacher or target.teacher,
+            stream=self.request.stream,
+            model=self.request.model,
+            group_id=self.request.group_id,
+            body=self.request.body,
+            target=target,
+            temperature=self.temperature if self.temperature is not None else self.request.body.get("temperature"),
+        )
 
     def _teacher_answered(self) -> bool:
         return self.target is not None and self.target.teacher
@@ -345,6 +369,12 @@ class ChatCompletionsEndpoint:
         for key in keys:
             self.state.stitch_index.register(key, trajectory)
 
+    def _explore(self, call: CallContext) -> None:
+        """Offer an answered call to exploration (gateway/exploration): after its last byte was
+        sent, and only a queue put: the extra answers are asked for in the background."""
+        if self.state.explorer.enabled and (served := call.served_call()) is not None:
+            self.state.explorer.offer(served)
+
     def _attempts(self, call: CallContext) -> list[UpstreamTarget]:
         targets = attempt_order(call.plan.targets, call.plan.primary_count, self.router_settings.num_retries)
         if not targets:  # a policy whose endpoint names never resolved, and its teacher does not answer this call
@@ -432,6 +462,7 @@ class ChatCompletionsEndpoint:
         elif call.capture is not None:
             raw = orjson.dumps(strip_answer(response, call.capture))
         await send_response(send, 200, raw, [*JSON_HEADERS, *call.headers])
+        self._explore(call)
         return 200
 
     # ---- streamed ----------------------------------------------------------------------
@@ -488,4 +519,6 @@ class ChatCompletionsEndpoint:
             tail = translating.stream_chunks(parse_sse_events(rest)) if stream_error is None else b""
             rest = tail + translating.stream_end(response, stream_error)
         await send({"type": "http.response.body", "body": rest, "more_body": False})
+        if stream_error is None:
+            self._explore(call)
         return 200
