@@ -29,8 +29,8 @@ Whichever arm unit i draws, Z_i lies in [L_i, U_i], known before its reward arri
     L_i = min(-b_i / p_i, -(1 - b_i) / (1 - p_i))     U_i = max((1 - b_i) / p_i, b_i / (1 - p_i))
 
 and X_i = (Z_i - L_i) / (U_i - L_i) lies in [0, 1]. The confidence sequence is the predictable
-plug-in empirical-Bernstein one of Waudby-Smith and Ramdas, "Estimating means of bounded random variables by betting", JRSS-B
-86(1), 2024, Theorem 2, two-sided at alpha:
+plug-in empirical-Bernstein one of Waudby-Smith and Ramdas, "Estimating means of bounded random
+variables by betting", JRSS-B 86(1), 2024, Theorem 2, two-sided at alpha:
 
     mu_hat_t   = (1/2 + sum_{i<=t} X_i) / (t + 1)
     sigma2_t   = (1/4 + sum_{i<=t} (X_i - mu_hat_i)^2) / (t + 1)
