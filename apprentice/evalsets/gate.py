@@ -137,6 +137,7 @@ def _refusal(
         f"evaluation gate failed on set {gate.set!r}: {version.name} is not shown within {gate.margin:g} "
         f"of {against} ({test.summary()})"
     )
-    if test.underpowered and test.items_for_power is not None:
+    # Within the margin on average but not shown to be: the set, not the version, is the problem.
+    if test.underpowered and test.items_for_power is not None and test.mean_difference > -test.margin:
         reason += f"; the set is too small for power {gate.power:g}: about {test.items_for_power} items needed"
     return reason

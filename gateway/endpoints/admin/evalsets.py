@@ -41,6 +41,8 @@ def _policy(state: GatewayState, policy: str) -> PolicySettings:
 
 
 async def _set(state: GatewayState, policy: str, name: str) -> store.EvalSet:
+    if "\x00" in name:  # no stored name holds one (and PostgreSQL text cannot)
+        raise GatewayError(404, str(store.SetNotFound(policy, name)), param="name", code="eval_set_not_found")
     try:
         return await store.get_set(state.engine, policy, name)
     except store.SetNotFound as exc:
@@ -103,6 +105,7 @@ async def show_eval_set(request: Request, policy: str, name: str) -> EvalSetDeta
 async def delete_eval_set(request: Request, policy: str, name: str) -> Response:
     state, _ = await _admin(request)
     _policy(state, policy)
+    await _set(state, policy, name)
     try:
         await store.delete_set(state.engine, policy, name)
     except store.SetNotFound as exc:
@@ -137,8 +140,6 @@ async def add_eval_items(request: Request, policy: str, name: str, body: EvalIte
         )
         found, _ = await store.trajectory_items(state.engine, policy, query=query, scoring=scoring)
         new.extend(found)
-    if not new and not missing:
-        raise GatewayError(400, "give items, trajectory_ids or a query that finds trajectories", code="no_items")
     added = await store.add_items(state.engine, eval_set.id, new)
     return EvalItemsAddedOut(data=[EvalItemOut.model_validate(item) for item in added], missing_trajectory_ids=missing)
 

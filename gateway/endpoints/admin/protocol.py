@@ -411,7 +411,31 @@ class JudgeAgreementOut(BaseModel):
 # ---------------------------------------------------------------- evaluation sets (docs/evaluation-sets.md)
 
 
-class EvalSetIn(BaseModel):
+def _without_nul(value: Any) -> Any:
+    """Refuse a NUL character anywhere in a document that PostgreSQL stores as text or jsonb (it
+    holds neither), so the request answers 400 naming the problem instead of failing in the store."""
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError("text must not contain the NUL character (\\u0000)")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _without_nul(key)
+            _without_nul(item)
+    elif isinstance(value, list):
+        for item in value:
+            _without_nul(item)
+    return value
+
+
+class _StoredDocument(BaseModel):
+    """A request body stored as text and jsonb: no NUL characters anywhere."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        return _without_nul(value)
+
+
+class EvalSetIn(_StoredDocument):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -419,7 +443,7 @@ class EvalSetIn(BaseModel):
     scoring: Scoring = Field(description="How items without their own scoring are scored.")
 
 
-class EvalItemIn(BaseModel):
+class EvalItemIn(_StoredDocument):
     model_config = ConfigDict(extra="forbid")
 
     messages: list[dict[str, Any]] = Field(
@@ -428,7 +452,7 @@ class EvalItemIn(BaseModel):
     scoring: Scoring | None = Field(default=None, description="This item's scoring; none: the set's.")
 
 
-class TrajectoryQueryIn(BaseModel):
+class TrajectoryQueryIn(_StoredDocument):
     model_config = ConfigDict(extra="forbid")
 
     since: datetime | None = Field(default=None, description="Trajectories whose last call is at or after this.")
@@ -439,7 +463,7 @@ class TrajectoryQueryIn(BaseModel):
     limit: int = Field(default=100, ge=1, le=10_000)
 
 
-class EvalItemsIn(BaseModel):
+class EvalItemsIn(_StoredDocument):
     """Items to add: given outright, recorded trajectories by id, or those a query finds (any mix)."""
 
     model_config = ConfigDict(extra="forbid")
