@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.conftest import wait_for
 from tests.test_dashboard_browser import Browser
 from tests.test_judge_agreement import _insert_groups, _policies
 
@@ -97,6 +98,26 @@ def test_the_agreement_page_charts_the_figures_with_their_intervals(start_gatewa
     assert len(browser.all("[data-testid=agreement-bucket]")) == len(hourly["buckets"])
     browser.find("#agreement-chart .uplot canvas")
     browser.check("judge-agreement-hourly")
+
+    # a recorded run of the policy is picked into the set from its page
+    reply = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "graded", "messages": [{"role": "user", "content": "What is 2 + 3?"}]},
+        headers=AUTH,
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+    trajectory = reply.headers["x-trajectory-id"]
+    wait_for(lambda: db.execute("SELECT count(*) FROM calls WHERE trajectory_id = %s", (trajectory,)).fetchone()[0])
+    browser.get(f"/ui/trajectories/{trajectory}")
+    assert browser.text("#eval-set-name") == "held-out (1 items)"
+    button = browser.find("#button-eval-set")
+    button.click()
+    browser.gone(button)
+    assert browser.text("[data-testid=flash]") == "Added to the evaluation set held-out."
+    picked = db.execute("SELECT messages FROM eval_items WHERE source_trajectory_id = %s", (trajectory,)).fetchall()
+    assert picked == [([{"role": "user", "content": "What is 2 + 3?"}],)]
+    browser.check("trajectory-eval-pick")
 
     # a policy without a judge configured: its scores under the default name `judge`, no error
     browser.get("/ui/policies/plain/agreement")

@@ -170,6 +170,8 @@ async def list_sets(engine: AsyncEngine, policy: str | None = None) -> list[Eval
 
 
 async def get_set(engine: AsyncEngine, policy: str, name: str) -> EvalSet:
+    if "\x00" in policy + name:  # no stored name holds one (PostgreSQL text cannot)
+        raise SetNotFound(policy, name)
     query = select(*eval_sets.c, _ITEM_COUNT.label("n")).where(eval_sets.c.policy == policy, eval_sets.c.name == name)
     async with engine.connect() as connection:
         row = (await connection.execute(query)).first()

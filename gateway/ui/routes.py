@@ -627,13 +627,45 @@ async def _trajectory(state: GatewayState, trajectory_id: str) -> dict[str, Any]
 
 @router.get("/trajectories/{trajectory_id}")
 async def trajectory_page(request: Request, trajectory_id: str) -> Response:
+    return await _trajectory_page(request, trajectory_id)
+
+
+async def _trajectory_page(request: Request, trajectory_id: str, flash: str = "", status_code: int = 200) -> Response:
     ctx = await _ctx(request)
     if ctx is None:
         return _to_login(request)
-    data = await _trajectory(_state(request), trajectory_id)
+    state = _state(request)
+    data = await _trajectory(state, trajectory_id)
     if data is None:
         return _error_page(request, 404, "Not found", f"no trajectory {trajectory_id!r}")
-    return page(request, "trajectory.html", {**ctx.base("trajectories"), **data})
+    policy = data["found"].trajectory.policy
+    sets = await evalsets.list_sets(state.engine, policy) if policy else []
+    context = {**ctx.base("trajectories"), **data, "eval_sets": sets, "flash": flash}
+    return page(request, "trajectory.html", context, status_code)
+
+
+@router.post("/trajectories/{trajectory_id}/eval-set")
+async def add_to_eval_set(request: Request, trajectory_id: str) -> Response:
+    """Pick this recorded trajectory into one of its policy's evaluation sets (docs/evaluation-sets.md)."""
+    checked = await _post(request)
+    if isinstance(checked, Response):
+        return checked
+    _, form = checked
+    state = _state(request)
+    data = await _trajectory(state, trajectory_id)
+    if data is None:
+        return _error_page(request, 404, "Not found", f"no trajectory {trajectory_id!r}")
+    trajectory = data["found"].trajectory
+    name = form.get("set", "")
+    try:
+        eval_set = await evalsets.get_set(state.engine, trajectory.policy or "", name)
+    except evalsets.SetNotFound as exc:
+        return await _trajectory_page(request, trajectory_id, flash=str(exc), status_code=404)
+    items, missing = await evalsets.trajectory_items(state.engine, eval_set.policy, ids=[trajectory.id])
+    if missing:
+        return await _trajectory_page(request, trajectory_id, flash="It has no recorded conversation.", status_code=409)
+    await evalsets.add_items(state.engine, eval_set.id, items)
+    return await _trajectory_page(request, trajectory_id, flash=f"Added to the evaluation set {name}.")
 
 
 @router.get("/data/trajectories/{trajectory_id}")

@@ -41,8 +41,6 @@ def _policy(state: GatewayState, policy: str) -> PolicySettings:
 
 
 async def _set(state: GatewayState, policy: str, name: str) -> store.EvalSet:
-    if "\x00" in name:  # no stored name holds one (and PostgreSQL text cannot)
-        raise GatewayError(404, str(store.SetNotFound(policy, name)), param="name", code="eval_set_not_found")
     try:
         return await store.get_set(state.engine, policy, name)
     except store.SetNotFound as exc:
