@@ -54,10 +54,12 @@ def main(**_: Any) -> None:
 
 def _add_core_commands() -> None:
     from apprentice.commands.db import db_group
+    from apprentice.commands.eval import eval_command
     from apprentice.commands.up import up_command
 
     main.add_command(db_group)
     main.add_command(up_command)
+    main.add_command(eval_command)
 
 
 _add_core_commands()

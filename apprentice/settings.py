@@ -160,6 +160,22 @@ class AdapterStoreSettings(BaseModel):
     s3: AdapterStoreS3Settings | None = None
 
 
+class EvalGateSettings(BaseModel):
+    """The evaluation gate (docs/evaluation-sets.md): before a version becomes the canary it is
+    scored on the policy's evaluation set `set` and compared item by item with the promoted
+    version (or the base model). It serves only when a paired one-sided t-test on the per-item
+    differences shows it is not worse by more than `margin` at level `alpha`; `power` is the
+    chance the test must have of letting through a version exactly as good as the promoted one
+    (a set too small or too noisy for it refuses, naming the power it has)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    set: str
+    margin: float = Field(default=0.05, gt=0)
+    alpha: float = Field(default=0.05, gt=0, lt=0.5)
+    power: float = Field(default=0.8, ge=0, lt=1)
+
+
 class PromotionSettings(BaseModel):
     """How a policy's new adapters reach traffic: gates, canary, evaluation, retention.
 
@@ -202,6 +218,9 @@ class PromotionSettings(BaseModel):
     # Publish serving versions to a shared directory for vLLM's filesystem LoRA resolver
     # (replicas that start later find them by name); None: endpoints are loaded over HTTP only.
     adapter_store: AdapterStoreSettings | None = None
+    # Score the version about to become the canary on an evaluation set against the promoted
+    # one; one worse by more than the margin never serves (docs/evaluation-sets.md). None: no gate.
+    eval_gate: EvalGateSettings | None = None
 
 
 class RouterSettings(BaseModel):
@@ -591,6 +610,33 @@ class TeacherSettings(BaseModel):
     distill: DistillationSettings = Field(default_factory=DistillationSettings)
 
 
+class RewardFunctionSettings(BaseModel):
+    """An operator's scoring endpoint for evaluation items (docs/evaluation-sets.md): POSTed
+    {conversation, answer, ...}, answers {"score": number}; each request is signed like a reward
+    webhook (Apprentice-Signature, with the named `rewards.webhook_secrets` entry)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    # The name of a rewards.webhook_secrets entry to sign with; None: unsigned.
+    secret: str | None = None
+    timeout_s: float = Field(default=30.0, gt=0)
+
+
+class EvaluationSettings(BaseModel):
+    """How a policy's versions are scored on its evaluation sets (`apprentice eval`, the gate)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Reward functions items may name (`{"method": "reward_function", "name": ...}`).
+    reward_functions: dict[str, RewardFunctionSettings] = Field(default_factory=dict)
+    # Each answer: greedy, at most this many tokens, within timeout_s.
+    max_tokens: int = Field(default=512, ge=1)
+    timeout_s: float = Field(default=120.0, gt=0)
+    # Items answered and scored at once.
+    concurrency: int = Field(default=4, ge=1)
+
+
 class PolicySettings(BaseModel):
     """A model name that clients call and Apprentice trains: a base model and its endpoints."""
 
@@ -623,6 +669,8 @@ class PolicySettings(BaseModel):
     learning: LearningSettings = Field(default_factory=LearningSettings)
     # Promotion of its adapters: gates, canary, evaluation, retention (apprentice/promotion).
     promotion: PromotionSettings = Field(default_factory=PromotionSettings)
+    # Scoring on evaluation sets: reward functions, answer length (docs/evaluation-sets.md).
+    evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
     # An LLM judge for groups without (or beside) webhook rewards; None: no judging.
     judge: JudgeSettings | None = None
     # A hosted model that serves the policy's traffic until the policy takes over, and whose best
@@ -989,3 +1037,15 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         data.update(loaded)
     data.update({k: v for k, v in overrides.items() if v is not None})
     return Settings(**data)
+
+
+def gateway_base_url(settings: Settings, judge: JudgeSettings) -> str:
+    """The OpenAI base URL the judge's calls go to: judge.base_url, else this gateway's own
+    address (a wildcard bind is reached on loopback). The gateway's judge and the evaluation
+    sets' judge scoring (apprentice/evalsets/scoring.py) both call it."""
+    if judge.base_url:
+        return judge.base_url.rstrip("/")
+    host = settings.host if settings.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}/v1"

@@ -24,6 +24,7 @@ from apprentice.store.schema import check_schema
 from gateway import __version__
 from gateway.endpoints import openapi, operations
 from gateway.endpoints.admin import exploration as admin_exploration
+from gateway.endpoints.admin import evalsets as admin_evalsets
 from gateway.endpoints.admin import judging as admin_judging
 from gateway.endpoints.admin import keys as admin_keys
 from gateway.endpoints.admin import routes as admin_routes
@@ -84,6 +85,7 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
     app.include_router(admin_judging.router)
     app.include_router(admin_teacher.router)
     app.include_router(admin_exploration.router)
+    app.include_router(admin_evalsets.router)
     app.include_router(admin_keys.router)
     app.include_router(ui_routes.router)
     openapi.install(app)  # documents the endpoints GatewayApp serves before FastAPI, without routing them

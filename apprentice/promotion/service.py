@@ -59,6 +59,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apprentice.discovery.directory import current_endpoints
+from apprentice.evalsets.gate import EvalGateRefused, EvalGateUnavailable, require_eval_gate
 from apprentice.promotion import evaluation as ev
 from apprentice.promotion import lifecycle, loading, takeover
 from apprentice.promotion.adapter_store import AdapterStore, PublishError
@@ -282,6 +283,8 @@ async def _start_canary(
             f"policy {version.policy!r} already has a canary ({serving.canary.name}): promote or reject it first",
             current=version.status,
         )
+    if not force:  # the version about to serve, scored on the evaluation set against the promoted one
+        await require_eval_gate(engine, settings, policy, version, client=client)
     incumbent = serving.promoted
     evaluation = {
         "incumbent_version_id": str(incumbent.id) if incumbent else None,
@@ -316,6 +319,7 @@ async def _supersede_canary(
     """Load a newer lineage version at every endpoint, then make it the canary in place of the
     current one (which goes back to candidate; it stays loaded until the reconciler's grace)."""
     policy = policy_settings(settings, version.policy)
+    await require_eval_gate(engine, settings, policy, version, client=client)
 
     async def load(locked: AdapterVersion) -> list[loading.EndpointOutcome]:
         return await _load(settings, policy, locked, client)
@@ -709,6 +713,12 @@ class _PolicyPass:
                 )
         except loading.LoadError as exc:
             await self._load_failed(newest, exc)
+            return
+        except EvalGateRefused as exc:  # worse on the evaluation set: it never serves
+            await self._reject(newest, CANDIDATE, str(exc))
+            return
+        except EvalGateUnavailable as exc:  # not scored (set, endpoint, scorer): the next tick tries again
+            self.report.errors.append(f"{self.policy.name}: {exc}")
             return
         except TransitionError as exc:  # an admin acted meanwhile
             self.report.add(self.policy.name, newest.name, "unchanged", str(exc))

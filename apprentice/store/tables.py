@@ -404,3 +404,71 @@ judgements = Table(
     Index("ix_judgements_members", "trajectory_ids", postgresql_using="gin"),
     Index("ix_judgements_policy_started", "policy", "started_at"),
 )
+
+# 0016: evaluation sets (docs/evaluation-sets.md). A held-out set of a policy: items (a prompt
+# conversation, a snapshot of a recorded trajectory's, scored by an expected answer, the judge or
+# an operator's reward function), runs (one version, or the base model, scored on the set) and
+# each run's per-item results, which the promotion's evaluation gate compares item by item.
+# Written only by apprentice/evalsets/store.py.
+eval_sets = Table(
+    "eval_sets",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("policy", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("description", Text),
+    # How items without their own `scoring` are scored (apprentice/evalsets/scoring.py).
+    Column("scoring", JSONB, nullable=False),
+    Column("created_by", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("uq_eval_sets_policy_name", "policy", "name", unique=True),
+)
+
+eval_items = Table(
+    "eval_items",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("set_id", UUID(as_uuid=True), ForeignKey("eval_sets.id", ondelete="CASCADE"), nullable=False),
+    # The conversation the version answers (chat messages, ending where the answer starts).
+    Column("messages", JSONB, nullable=False),
+    # The recorded trajectory it was taken from, if any (kept as a snapshot: history may be dropped).
+    Column("source_trajectory_id", UUID(as_uuid=True)),
+    # This item's own scoring; NULL: the set's.
+    Column("scoring", JSONB),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_eval_items_set", "set_id", "created_at"),
+)
+
+eval_runs = Table(
+    "eval_runs",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("set_id", UUID(as_uuid=True), ForeignKey("eval_sets.id", ondelete="CASCADE"), nullable=False),
+    Column("policy", Text, nullable=False),
+    # The version scored; NULL: the base model.
+    Column("adapter_version_id", UUID(as_uuid=True), ForeignKey("adapter_versions.id")),
+    # The model name the endpoint was called with (the LoRA name, or the base model).
+    Column("target", Text, nullable=False),
+    Column("trigger", Text, nullable=False),  # cli | gate | admin
+    Column("status", Text, nullable=False, server_default="running"),  # running | finished | failed
+    Column("items", Integer, nullable=False, server_default="0"),
+    Column("scored", Integer, nullable=False, server_default="0"),
+    Column("mean", Double),
+    Column("error", Text),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finished_at", DateTime(timezone=True)),
+    CheckConstraint("status IN ('running', 'finished', 'failed')", name="ck_eval_runs_status"),
+    Index("ix_eval_runs_set_target", "set_id", "target", "started_at"),
+    Index("ix_eval_runs_version", "adapter_version_id"),
+)
+
+eval_results = Table(
+    "eval_results",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("eval_runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("item_id", UUID(as_uuid=True), ForeignKey("eval_items.id", ondelete="CASCADE"), primary_key=True),
+    # In [0, 1] for expected answers and the judge; the reward function's own scale. NULL: not scored.
+    Column("score", Double),
+    Column("answer", Text),
+    Column("detail", Text),  # why: the judge's explanation, the match, or the scoring error
+)

@@ -16,12 +16,14 @@ from when its score was observed.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 
 from psycopg.rows import dict_row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.judging.agreement import ScoredTrajectory
+from apprentice.settings import JudgeSettings, PolicySettings
+from gateway.judging.agreement import AgreementReport, Bucket, ScoredTrajectory, agreement
 from gateway.store.connection import driver_connection
 
 # ix_judgements_policy_started finds the policy's judgements, ix_rewards_judgement their
@@ -66,3 +68,29 @@ async def scored_trajectories(
             rows = await cursor.fetchall()
         await pg.rollback()
     return [ScoredTrajectory(**row) for row in rows]
+
+
+def judge_reward_name(policy: PolicySettings) -> str:
+    """The judge's reward name for `policy`: `judge.reward_name`, else the default (`judge`)."""
+    return policy.judge.reward_name if policy.judge else JudgeSettings.model_fields["reward_name"].default
+
+
+async def policy_agreement(
+    engine: AsyncEngine,
+    policy: PolicySettings,
+    *,
+    bucket: Bucket,
+    since: datetime | None = None,
+    rubric_hash: str | None = None,
+) -> AgreementReport:
+    """The policy's judge agreement report, as the admin API and the dashboard show it. The
+    bootstrap is CPU work (up to about half a second): it runs off the event loop."""
+    rows = await scored_trajectories(
+        engine,
+        policy.name,
+        webhook_name=policy.learning.reward_name,
+        judge_name=judge_reward_name(policy),
+        since=since,
+        rubric_hash=rubric_hash,
+    )
+    return await asyncio.to_thread(agreement, rows, bucket=bucket)

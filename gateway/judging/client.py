@@ -13,7 +13,9 @@ from typing import Any
 
 import httpx
 
-from apprentice.settings import JudgeSettings, Settings, resolve_secret
+from apprentice.settings import JudgeSettings, Settings, gateway_base_url, resolve_secret
+
+__all__ = ["JudgeCallFailed", "JudgeClient", "JudgeReply", "gateway_base_url"]
 
 
 class JudgeCallFailed(RuntimeError):
@@ -25,16 +27,6 @@ class JudgeReply:
     content: str | None
     prompt_tokens: int
     completion_tokens: int
-
-
-def gateway_base_url(settings: Settings, judge: JudgeSettings) -> str:
-    """judge.base_url, else this gateway's own address (a wildcard bind is reached on loopback)."""
-    if judge.base_url:
-        return judge.base_url.rstrip("/")
-    host = settings.host if settings.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{settings.port}/v1"
 
 
 class JudgeClient:

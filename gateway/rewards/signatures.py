@@ -21,10 +21,18 @@ import time
 from dataclasses import dataclass
 
 from apprentice.settings import ConfigError, WebhookSecret, resolve_secret
+from apprentice.webhook_signing import SCHEME, SIGNATURE_HEADER, compute_signature, sign
 from gateway.http.errors import GatewayError
 
-SIGNATURE_HEADER = "Apprentice-Signature"
-SCHEME = "v1"
+__all__ = [
+    "SCHEME",
+    "SIGNATURE_HEADER",
+    "SignatureVerifier",
+    "VerifiedSignature",
+    "compute_signature",
+    "parse_header",
+    "sign",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,17 +41,6 @@ class VerifiedSignature:
     secret_name: str
     signature: bytes  # the matching HMAC digest: the replay key
     signed_at: float
-
-
-def compute_signature(secret: str | bytes, timestamp: int, body: bytes) -> str:
-    key = secret.encode() if isinstance(secret, str) else secret
-    return hmac.new(key, str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
-
-
-def sign(secret: str | bytes, body: bytes, timestamp: int | None = None) -> str:
-    """The header value for `body` (what a sender computes)."""
-    timestamp = int(time.time()) if timestamp is None else timestamp
-    return f"t={timestamp},{SCHEME}={compute_signature(secret, timestamp, body)}"
 
 
 def _invalid(message: str, code: str = "invalid_signature") -> GatewayError:

@@ -22,12 +22,15 @@ from urllib.parse import parse_qs, urlencode
 from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
+from apprentice.evalsets import store as evalsets
 from apprentice.promotion import service
 from apprentice.promotion.lifecycle import TransitionError, VersionNotFound
 from apprentice.promotion.loading import LoadError
 from apprentice.promotion.teacher_view import teacher_status
 from gateway.auth.keys import create_key, list_keys, revoke_key
 from gateway.http.errors import GatewayError
+from gateway.judging.agreement import AgreementReport, Bucket
+from gateway.judging.agreement_store import policy_agreement
 from gateway.state import GatewayState
 from gateway.store.rewards import get_reward
 from gateway.store.trajectories import get_trajectory
@@ -357,8 +360,68 @@ async def _policy_page(request: Request, policy: str, flash: str = "", status_co
         "flash": flash,
         # docs/distillation.md: the teacher, the distilled versions and the comparison with cost and latency
         "teacher": await teacher_status(state.engine, state.settings, policy) if summary.policy.teacher else None,
+        **await _eval_sets(state, summary),
     }
     return page(request, "policy.html", context, status_code)
+
+
+async def _eval_sets(state: GatewayState, summary: service.PolicySummary) -> dict[str, Any]:
+    """The policy's evaluation sets with each one's latest run per scored version (docs/evaluation-sets.md)."""
+    sets = await evalsets.list_sets(state.engine, summary.policy.name)
+    runs: dict[uuid.UUID, list[evalsets.EvalRun]] = {}
+    for run in await evalsets.runs_of(state.engine, policy=summary.policy.name, limit=200):
+        shown = runs.setdefault(run.set_id, [])
+        if run.status == "finished" and all(other.target != run.target for other in shown) and len(shown) < 8:
+            shown.append(run)
+    return {"eval_sets": sets, "eval_runs": runs, "eval_gate": summary.policy.promotion.eval_gate}
+
+
+# ---------------------------------------------------------------- judge agreement page
+
+
+def agreement_chart(report: AgreementReport) -> dict[str, Any]:
+    """uPlot data: per bucket the mean Spearman rho and the pooled pairwise accuracy, each with
+    its 95% bootstrap interval as dashed bounds."""
+
+    def bound(interval: Any, side: str) -> float | None:
+        return getattr(interval, side) if interval is not None else None
+
+    figures = [b.figures for b in report.buckets]
+    return {
+        "x": [round(b.start.timestamp()) for b in report.buckets],
+        "axis": "agreement",
+        "empty": "No groups with both a judge score and a webhook reward yet.",
+        "series": [
+            {"label": "Spearman rho", "values": [f.spearman for f in figures]},
+            {"label": "rho low", "values": [bound(f.spearman_interval, "low") for f in figures], "band": 0},
+            {"label": "rho high", "values": [bound(f.spearman_interval, "high") for f in figures], "band": 0},
+            {"label": "pairwise accuracy", "values": [f.pairwise_accuracy for f in figures]},
+            {"label": "accuracy low", "values": [bound(f.pairwise_interval, "low") for f in figures], "band": 3},
+            {"label": "accuracy high", "values": [bound(f.pairwise_interval, "high") for f in figures], "band": 3},
+        ],
+    }
+
+
+@router.get("/policies/{policy}/agreement")
+async def agreement_page(request: Request, policy: str) -> Response:
+    ctx = await _ctx(request)
+    if ctx is None:
+        return _to_login(request)
+    state = _state(request)
+    settings = state.settings.policy(policy)
+    if settings is None:
+        return _error_page(request, 404, "Not found", f"policy {policy!r} is not configured")
+    bucket: Bucket = "hour" if request.query_params.get("bucket") == "hour" else "day"
+    report = await policy_agreement(state.engine, settings, bucket=bucket)
+    context = {
+        **ctx.base("overview"),
+        "policy": policy,
+        "settings": settings,
+        "bucket": bucket,
+        "report": report,
+        "chart": agreement_chart(report),
+    }
+    return page(request, "agreement.html", context)
 
 
 @router.get("/data/policies/{policy}")
@@ -443,6 +506,8 @@ async def _version_page(request: Request, ref: str, flash: str = "", status_code
         "version": detail.version,
         "paused": summary.learning_paused if summary else False,
         "flash": flash,
+        "version_runs": await evalsets.runs_of(state.engine, version_id=detail.version.id),
+        "set_names": {s.id: s.name for s in await evalsets.list_sets(state.engine, detail.version.policy)},
     }
     return page(request, "version.html", context, status_code)
 
@@ -562,13 +627,45 @@ async def _trajectory(state: GatewayState, trajectory_id: str) -> dict[str, Any]
 
 @router.get("/trajectories/{trajectory_id}")
 async def trajectory_page(request: Request, trajectory_id: str) -> Response:
+    return await _trajectory_page(request, trajectory_id)
+
+
+async def _trajectory_page(request: Request, trajectory_id: str, flash: str = "", status_code: int = 200) -> Response:
     ctx = await _ctx(request)
     if ctx is None:
         return _to_login(request)
-    data = await _trajectory(_state(request), trajectory_id)
+    state = _state(request)
+    data = await _trajectory(state, trajectory_id)
     if data is None:
         return _error_page(request, 404, "Not found", f"no trajectory {trajectory_id!r}")
-    return page(request, "trajectory.html", {**ctx.base("trajectories"), **data})
+    policy = data["found"].trajectory.policy
+    sets = await evalsets.list_sets(state.engine, policy) if policy else []
+    context = {**ctx.base("trajectories"), **data, "eval_sets": sets, "flash": flash}
+    return page(request, "trajectory.html", context, status_code)
+
+
+@router.post("/trajectories/{trajectory_id}/eval-set")
+async def add_to_eval_set(request: Request, trajectory_id: str) -> Response:
+    """Pick this recorded trajectory into one of its policy's evaluation sets (docs/evaluation-sets.md)."""
+    checked = await _post(request)
+    if isinstance(checked, Response):
+        return checked
+    _, form = checked
+    state = _state(request)
+    data = await _trajectory(state, trajectory_id)
+    if data is None:
+        return _error_page(request, 404, "Not found", f"no trajectory {trajectory_id!r}")
+    trajectory = data["found"].trajectory
+    name = form.get("set", "")
+    try:
+        eval_set = await evalsets.get_set(state.engine, trajectory.policy or "", name)
+    except evalsets.SetNotFound as exc:
+        return await _trajectory_page(request, trajectory_id, flash=str(exc), status_code=404)
+    items, missing = await evalsets.trajectory_items(state.engine, eval_set.policy, ids=[trajectory.id])
+    if missing:
+        return await _trajectory_page(request, trajectory_id, flash="It has no recorded conversation.", status_code=409)
+    await evalsets.add_items(state.engine, eval_set.id, items)
+    return await _trajectory_page(request, trajectory_id, flash=f"Added to the evaluation set {name}.")
 
 
 @router.get("/data/trajectories/{trajectory_id}")

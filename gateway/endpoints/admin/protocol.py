@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from apprentice.evalsets.scoring import Scoring
 from apprentice.promotion.provenance import Provenance
 from apprentice.promotion.rows import AdapterVersion
 from apprentice.promotion.service import ActionResult, PolicySummary, VersionDetail, VersionListing
@@ -405,3 +406,126 @@ class JudgeAgreementOut(BaseModel):
                 for s in report.sources
             ],
         )
+
+
+# ---------------------------------------------------------------- evaluation sets (docs/evaluation-sets.md)
+
+
+def _without_nul(value: Any) -> Any:
+    """Refuse a NUL character anywhere in a document that PostgreSQL stores as text or jsonb (it
+    holds neither), so the request answers 400 naming the problem instead of failing in the store."""
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError("text must not contain the NUL character (\\u0000)")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _without_nul(key)
+            _without_nul(item)
+    elif isinstance(value, list):
+        for item in value:
+            _without_nul(item)
+    return value
+
+
+class _StoredDocument(BaseModel):
+    """A request body stored as text and jsonb: no NUL characters anywhere."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        return _without_nul(value)
+
+
+class EvalSetIn(_StoredDocument):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str | None = Field(default=None, max_length=2000)
+    scoring: Scoring = Field(description="How items without their own scoring are scored.")
+
+
+class EvalItemIn(_StoredDocument):
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[dict[str, Any]] = Field(
+        min_length=1, description="The conversation the version answers (chat messages, ending before the answer)."
+    )
+    scoring: Scoring | None = Field(default=None, description="This item's scoring; none: the set's.")
+
+
+class TrajectoryQueryIn(_StoredDocument):
+    model_config = ConfigDict(extra="forbid")
+
+    since: datetime | None = Field(default=None, description="Trajectories whose last call is at or after this.")
+    until: datetime | None = Field(default=None, description="... and before this.")
+    reward_name: str | None = Field(default=None, description="Filter on this current reward (default: the policy's).")
+    min_reward: float | None = None
+    max_reward: float | None = None
+    limit: int = Field(default=100, ge=1, le=10_000)
+
+
+class EvalItemsIn(_StoredDocument):
+    """Items to add: given outright, recorded trajectories by id, or those a query finds (any mix)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[EvalItemIn] = Field(default_factory=list, max_length=10_000)
+    trajectory_ids: list[uuid.UUID] = Field(
+        default_factory=list, max_length=10_000, description="Recorded trajectories of the policy (their last call)."
+    )
+    query: TrajectoryQueryIn | None = None
+    scoring: Scoring | None = Field(default=None, description="The scoring of the trajectory items; none: the set's.")
+
+
+class EvalItemOut(_FromRow):
+    object: Literal["eval.item"] = "eval.item"
+    id: uuid.UUID
+    messages: list[dict[str, Any]]
+    source_trajectory_id: uuid.UUID | None
+    scoring: dict[str, Any] | None
+    created_at: datetime
+
+
+class EvalRunOut(_FromRow):
+    object: Literal["eval.run"] = "eval.run"
+    id: uuid.UUID
+    adapter_version_id: uuid.UUID | None = Field(description="The version scored; none: the base model.")
+    target: str = Field(description="The model name the endpoints were called with.")
+    trigger: str = Field(description="cli | gate | admin")
+    status: str
+    items: int
+    scored: int
+    mean: float | None
+    error: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+class EvalSetOut(_FromRow):
+    object: Literal["eval.set"] = "eval.set"
+    id: uuid.UUID
+    policy: str
+    name: str
+    description: str | None
+    scoring: dict[str, Any]
+    created_by: str | None
+    created_at: datetime
+    items: int = Field(description="How many items the set holds.")
+    gate: bool = Field(default=False, description="The policy's promotion.eval_gate uses this set.")
+
+
+class EvalSetListOut(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EvalSetOut]
+
+
+class EvalSetDetailOut(EvalSetOut):
+    item_list: list[EvalItemOut] = Field(description="The set's items, oldest first.")
+    runs: list[EvalRunOut] = Field(description="The latest runs on the set, newest first.")
+
+
+class EvalItemsAddedOut(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EvalItemOut]
+    missing_trajectory_ids: list[uuid.UUID] = Field(
+        description="Ids asked for that are not the policy's recorded trajectories with a conversation."
+    )

@@ -10,7 +10,6 @@ rewards do (gateway/judging/agreement.py), read-only.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import TypeVar
@@ -21,7 +20,6 @@ from apprentice.promotion import service
 from apprentice.promotion.lifecycle import TransitionError, VersionNotFound
 from apprentice.promotion.loading import LoadError
 from apprentice.promotion.status import VersionStatus
-from apprentice.settings import JudgeSettings
 from gateway.endpoints.admin.protocol import (
     ActionIn,
     ActionOut,
@@ -36,8 +34,8 @@ from gateway.endpoints.admin.protocol import (
 )
 from gateway.http.documented import ADMIN, error_responses, timestamp_schema
 from gateway.http.errors import GatewayError
-from gateway.judging.agreement import Bucket, agreement
-from gateway.judging.agreement_store import scored_trajectories
+from gateway.judging.agreement import Bucket
+from gateway.judging.agreement_store import judge_reward_name, policy_agreement
 from gateway.state import GatewayState
 
 router = APIRouter(tags=["admin"], dependencies=[ADMIN], responses=error_responses(401, 403, 404, 503))
@@ -238,17 +236,8 @@ async def judge_agreement(
         raise GatewayError(404, f"policy {policy!r} is not configured", param="policy", code="policy_not_found")
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=timezone.utc)
-    judge_name = settings.judge.reward_name if settings.judge else JudgeSettings.model_fields["reward_name"].default
-    rows = await scored_trajectories(
-        state.engine,
-        policy,
-        webhook_name=settings.learning.reward_name,
-        judge_name=judge_name,
-        since=since,
-        rubric_hash=rubric_hash,
-    )
-    # The bootstrap is CPU work (up to about half a second): off the event loop.
-    report = await asyncio.to_thread(agreement, rows, bucket=bucket)
+    report = await policy_agreement(state.engine, settings, bucket=bucket, since=since, rubric_hash=rubric_hash)
+    judge_name = judge_reward_name(settings)
     return JudgeAgreementOut.of(
         report,
         policy=policy,

@@ -19,15 +19,17 @@
   function chartOptions(element, data) {
     var series = [{}];
     data.series.forEach(function (s, i) {
-      series.push({ label: s.label, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true,
-                    points: { show: true, size: 4 } });
+      // A series with `band` is an interval bound of the series at that index: its colour, dashed.
+      var band = typeof s.band === "number";
+      series.push({ label: s.label, stroke: COLORS[(band ? s.band : i) % COLORS.length], width: band ? 1 : 2,
+                    dash: band ? [4, 4] : undefined, spanGaps: true, points: { show: true, size: band ? 3 : 4 } });
     });
     return {
       width: Math.max(element.clientWidth, 300),
       height: 260,
       series: series,
       scales: { x: { time: true } },
-      axes: [{}, { label: "reward" }],
+      axes: [{}, { label: data.axis || "reward" }],
     };
   }
 
@@ -47,7 +49,7 @@
     if (existing) { existing.plot.destroy(); }
     element.textContent = "";
     if (!data.x.length) {
-      element.textContent = "No rewarded trajectories yet.";
+      element.textContent = data.empty || "No rewarded trajectories yet.";
       charts[id] = null;
       return;
     }
