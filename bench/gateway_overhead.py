@@ -1326,6 +1326,8 @@ async def run(args: argparse.Namespace) -> int:
                     except Exception as exc:  # noqa: BLE001 - say why and go on with the others
                         skipped.append(f"gateway-{workers}w-{variant}: did not start: {exc}")
                         log(f"GATEWAY DID NOT START: {exc}")
+                        if admin_url:
+                            databases.append(f"{args.db_prefix}_gw{workers}_{variant}")
                         continue
                     procs.append(target.proc)  # type: ignore[arg-type]
                     if target.database:
