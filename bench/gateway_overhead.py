@@ -16,6 +16,12 @@ noise of a shared machine falls on every target alike:
     python -m bench.gateway_overhead                # about 4-5 minutes; writes docs/benchmarks.md
     python -m bench.gateway_overhead --quick        # smoke run, writes nothing
     python -m bench.gateway_overhead --targets direct,litellm
+    python -m bench.gateway_overhead --features off,limits,redaction,tracing,cap,all   # each feature on/off
+
+`--features` adds one gateway target per variant beside the gateway at its defaults: `off` (every
+switchable feature off), one per feature (`off` with only that feature on) and `all` (every
+feature on). Tracing exports to a collector process (`bench.tracing_overhead --collector`);
+limits are set far above the load (every call is counted and checked, none refused).
 
 Run from the repository root: the fake upstream is the tests' (`tests.support.fake_upstream`).
 
@@ -36,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +81,38 @@ GOALS = {
     "throughput_vs_litellm_2w": 5.0,
     "recorded_calls_per_s": 3000.0,
 }
+
+
+# The gateway's switchable features since the overhead figures of commit 78c5149, as config
+# sections: FEATURES_OFF switches all of them off, FEATURES_ON[name] switches one on.
+# Tenant-tagged trajectory ids and the partitioned `calls` table have no switch: they are in
+# every gateway target.
+_NO_LIMIT = {"requests_per_minute": 1_000_000_000, "tokens_per_minute": 1_000_000_000_000}
+FEATURES_OFF: dict[str, Any] = {
+    "redaction": {"enabled": False},
+    "stitching": {"max_calls_per_trajectory": None, "max_tokens_per_trajectory": None},
+}
+FEATURES_ON: dict[str, dict[str, Any]] = {
+    "limits": {"limits": {"key": _NO_LIMIT, "tenant_default": _NO_LIMIT}},
+    "redaction": {"redaction": {"enabled": True}},
+    "tracing": {"tracing": {"otlp_endpoint": "{collector}"}},
+    "cap": {"stitching": {"max_calls_per_trajectory": 1000, "max_tokens_per_trajectory": 2_000_000}},
+}
+VARIANTS = ("off", *FEATURES_ON, "all")
+
+
+def feature_config(variant: str, collector_url: str) -> dict[str, Any]:
+    """The config sections of a feature variant (see VARIANTS)."""
+    if variant not in VARIANTS:
+        raise SystemExit(f"unknown feature variant {variant!r} (choose from {', '.join(VARIANTS)})")
+    config: dict[str, Any] = {} if variant == "all" else json.loads(json.dumps(FEATURES_OFF))
+    for name, sections in FEATURES_ON.items():
+        if variant in (name, "all"):
+            for section, values in sections.items():
+                config.setdefault(section, {}).update(values)
+    if "tracing" in config:
+        config["tracing"] = {"otlp_endpoint": collector_url}
+    return config
 
 
 @dataclass
@@ -357,15 +396,23 @@ def drop_database(admin_url: str, name: str) -> None:
 
 
 async def start_gateway(
-    upstream_url: str, workers: int, workdir: Path, admin_url: str | None, db_prefix: str, timeout_s: float
+    upstream_url: str,
+    workers: int,
+    workdir: Path,
+    admin_url: str | None,
+    db_prefix: str,
+    timeout_s: float,
+    variant: str | None = None,
+    sections: dict[str, Any] | None = None,
 ) -> Target:
-    name = f"gateway-{workers}w"
+    """A gateway at its defaults, or (variant) with the feature `sections` of feature_config."""
+    name = f"gateway-{workers}w" + (f"-{variant}" if variant else "")
     data_dir = workdir / name
     data_dir.mkdir(parents=True, exist_ok=True)
     lines = []
     db_name = None
     if admin_url:
-        db_name = f"{db_prefix}_gw{workers}"
+        db_name = f"{db_prefix}_gw{workers}" + (f"_{variant}" if variant else "")
         lines.append(f"database_url: {recreate_database(admin_url, db_name)}")
     lines += [
         f"data_dir: {data_dir}",
@@ -374,6 +421,7 @@ async def start_gateway(
         f"  - model_name: {MODEL}",
         f"    litellm_params: {{model: openai/{MODEL}, api_base: '{upstream_url}', api_key: sk-fake}}",
     ]
+    lines += [f"{section}: {json.dumps(values)}" for section, values in (sections or {}).items()]
     config = workdir / f"{name}.yaml"
     config.write_text("\n".join(lines) + "\n")
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("APPRENTICE_")}
@@ -407,6 +455,29 @@ async def start_gateway(
     target = Target(name, f"http://{HOST}:{port}/v1", proc, proc, workers, database=db_name)
     target.startup_s = await wait_ready(target.base_url, proc, timeout_s)
     return target
+
+
+def start_collector(workdir: Path, procs: list[MeasuredProcess]) -> str:
+    """The OTLP/HTTP collector of bench.tracing_overhead in its own process; its base URL."""
+    port = free_port()
+    collector = MeasuredProcess(
+        "collector",
+        [sys.executable, "-m", "bench.tracing_overhead", "--collector", str(port)],
+        workdir / "collector.log",
+    )
+    procs.append(collector)
+    return f"http://{HOST}:{port}"
+
+
+async def wait_collector(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/count", timeout=2):
+                return
+        except OSError:
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"the OTLP collector at {url} did not start in {timeout_s:.0f} s")
 
 
 # --------------------------------------------------------------------------- measuring
@@ -1118,6 +1189,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 7, --quick 2)")
     parser.add_argument("--gateway-workers", default="2", help="comma-separated worker counts (default 2)")
+    parser.add_argument(
+        "--features",
+        default="",
+        help=f"comma-separated feature variants, one gateway target each: {', '.join(VARIANTS)} (default none)",
+    )
     parser.add_argument("--litellm-workers", default="1,2", help="comma-separated worker counts (default 1,2)")
     parser.add_argument(
         "--litellm-venv",
@@ -1228,6 +1304,36 @@ async def run(args: argparse.Namespace) -> int:
                         databases.append(target.database)
                     targets.append(target)
                     log(f"  {target.name} ready in {target.startup_s:.1f} s at {target.base_url}")
+                variants = [v.strip() for v in args.features.split(",") if v.strip()]
+                collector_url = start_collector(workdir, procs) if variants else ""
+                if variants:
+                    await wait_collector(collector_url, 30)
+                workers = int(args.gateway_workers.split(",")[-1])
+                for variant in variants:
+                    sections = feature_config(variant, collector_url)
+                    log(f"starting gateway with {workers} worker(s), features {variant}: {json.dumps(sections)}")
+                    try:
+                        target = await start_gateway(
+                            upstream_url,
+                            workers,
+                            workdir,
+                            admin_url,
+                            args.db_prefix,
+                            args.start_timeout,
+                            variant=variant,
+                            sections=sections,
+                        )
+                    except Exception as exc:  # noqa: BLE001 - say why and go on with the others
+                        skipped.append(f"gateway-{workers}w-{variant}: did not start: {exc}")
+                        log(f"GATEWAY DID NOT START: {exc}")
+                        if admin_url:
+                            databases.append(f"{args.db_prefix}_gw{workers}_{variant}")
+                        continue
+                    procs.append(target.proc)  # type: ignore[arg-type]
+                    if target.database:
+                        databases.append(target.database)
+                    targets.append(target)
+                    log(f"  {target.name} ready in {target.startup_s:.1f} s at {target.base_url}")
 
         litellm_workers = [int(w) for w in args.litellm_workers.split(",") if w.strip()] if "litellm" in wanted else []
         if litellm_workers:
@@ -1313,8 +1419,11 @@ async def run(args: argparse.Namespace) -> int:
         if write and skipped and args.write is None:
             log("not writing docs/benchmarks.md: some targets were not measured (pass --write to write anyway)")
         elif write:
-            write_section(SECTION_TITLE, markdown)
-            log(f"wrote section '{SECTION_TITLE}' of docs/benchmarks.md")
+            # A run of feature variants gets a section of its own: it does not replace the
+            # figures of the gateway at its defaults.
+            title = f"{SECTION_TITLE}: each feature on and off" if args.features.strip() else SECTION_TITLE
+            write_section(title, markdown)
+            log(f"wrote section '{title}' of docs/benchmarks.md")
         return 2 if skipped else 0
     finally:
         for target in targets:

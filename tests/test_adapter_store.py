@@ -295,3 +295,22 @@ def test_a_version_name_the_store_cannot_hold_fails_its_publish_permanently(tmp_
     with pytest.raises(PublishError) as raised:
         asyncio.run(_publish(policy, version))
     assert raised.value.permanent and "cannot be a directory of the adapter store" in str(raised.value)
+
+
+def test_a_published_copy_survives_a_power_loss_right_after_its_rename(
+    store: AdapterStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.support.power_loss import Crash, PowerLoss
+
+    source = make_adapter(tmp_path / "learner" / "agent-v1")
+    disk = PowerLoss(monkeypatch)
+    disk.crash_after_rename("rename")
+    with pytest.raises(Crash):
+        store.publish("agent-v1", source, uuid.uuid4())
+
+    assert disk.renamed == store.root / "agent-v1"
+    after_reboot = disk.rebuild(disk.renamed, tmp_path / "after-reboot")
+    assert adapter_files_problem(after_reboot) is None
+    assert sorted(p.name for p in after_reboot.iterdir()) == sorted(p.name for p in disk.renamed.iterdir())
+    for item in disk.renamed.iterdir():
+        assert (after_reboot / item.name).read_bytes() == item.read_bytes(), item.name

@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import httpx
@@ -400,3 +401,52 @@ def test_the_judge_command_judges_one_group_and_prints_its_scores(start_gateway,
     assert count_rows(db, "SELECT count(*) FROM judgements") == 1
     missing = run("--group", "no-such-group")
     assert missing.returncode != 0 and "no group 'no-such-group'" in missing.stderr
+
+
+def test_a_group_whose_members_arrive_one_by_one_puts_each_before_the_judge_at_most_twice(
+    start_gateway, fake_upstream, db
+):
+    """16 attempts at one task, each quiet before the next arrives: each member appears in at
+    most 2 judge calls (re-judging the whole group at each arrival put the first member in 15),
+    and every member ends with a current judge score."""
+    api = fake_upstream.api_base
+    gateway = start_gateway(
+        model_list=[_entry("trickle", api), _judge_entry("judge-length", api)],
+        policies=[_policy("trickle", "judge-length", max_group_size=8)],
+    )
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
+    httpx.delete(f"http://127.0.0.1:{fake_upstream.port}/_requests")
+    members = []
+    for seed in range(16):
+        raw = client.chat.completions.with_raw_response.create(
+            model="trickle",
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Refund order 7."}],
+            seed=seed * 7,
+        )
+        members.append(raw.headers["x-trajectory-id"])
+        time.sleep(1.0)  # quiet (reward_wait_s 0.3) and judged before the next one arrives
+
+    def all_scored() -> list[dict[str, Any]] | None:
+        rows = _judgements(db, "trickle")
+        scored = count_rows(
+            db,
+            "SELECT count(DISTINCT trajectory_id) FROM rewards WHERE name = 'judge' AND status = 'linked' "
+            "AND superseded_at IS NULL",
+        )
+        return rows if scored == 16 and all(r["status"] != "running" for r in rows) else None
+
+    rows = wait_for(all_scored, timeout=60, message="every member scored by the judge")
+    appearances = {member: sum(member in r["ids"] for r in rows) for member in members}
+    judge_calls = len(
+        [
+            r
+            for r in httpx.get(f"http://127.0.0.1:{fake_upstream.port}/_requests").json()["requests"]
+            if r["model"] == "judge-length"
+        ]
+    )
+    print(
+        f"16 members one by one: {judge_calls} judge calls, {sum(appearances.values())} member-judgings, "
+        f"most for one member {max(appearances.values())}"
+    )
+    assert set(appearances) == set(members) and all(1 <= n <= 2 for n in appearances.values()), appearances
+    assert judge_calls == len(rows) <= 2 * 16

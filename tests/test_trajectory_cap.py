@@ -83,3 +83,33 @@ def test_the_token_cap_closes_a_trajectory_too(start_gateway, db):
         "SELECT max(prompt_tokens + completion_tokens) FROM calls WHERE trajectory_id = %s", (ids[0],)
     ).fetchone()[0]
     assert longest >= 60
+
+
+def test_a_run_spread_over_n_processes_gets_n_times_the_cap_per_trajectory(start_gateway, db, tmp_path):
+    """The figure docs/limits.md states: lengths are counted per process, so a run whose calls
+    alternate between N=2 processes fills each trajectory with N x max_calls calls (named run),
+    and never more."""
+    cap, processes = 2, 2
+    gateways = [
+        start_gateway(stitching={"max_calls_per_trajectory": cap}, data_dir=tmp_path / f"data{i}")
+        for i in range(processes)
+    ]
+    clients = [openai.OpenAI(base_url=g.base_url, api_key="k", max_retries=0) for g in gateways]
+    internal = []
+    for step in range(3 * cap * processes):
+        raw = clients[step % processes].chat.completions.with_raw_response.create(
+            model="fake-model",
+            messages=[{"role": "user", "content": f"call {step}"}],
+            extra_headers={"X-Trajectory-Id": "spread-run"},
+        )
+        internal.append(raw.headers["x-apprentice-trajectory-id"])
+    per_segment = cap * processes
+    segments = [internal[i : i + per_segment] for i in range(0, len(internal), per_segment)]
+    assert all(len(set(segment)) == 1 for segment in segments), internal
+    assert len({segment[0] for segment in segments}) == 3
+
+    wait_for(lambda: count_rows(db, "SELECT count(*) FROM calls") == len(internal))
+    counts = db.execute(
+        "SELECT call_count FROM trajectories WHERE client_trajectory_id = 'spread-run' ORDER BY first_call_at"
+    ).fetchall()
+    assert counts == [(per_segment,)] * 3

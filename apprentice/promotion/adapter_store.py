@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from apprentice.durable_files import fsync_directory
 from apprentice.promotion.files import ADAPTER_CONFIG, adapter_files_problem
 from apprentice.promotion.loading import LoadError
 from apprentice.settings import PolicySettings
@@ -67,14 +68,6 @@ class PublishError(LoadError):
     def __init__(self, name: str, store: Path, reason: str, *, permanent: bool) -> None:
         super().__init__(name, {f"adapter store {store}": reason}, "publish", permanent=permanent)
         self.args = (f"could not publish adapter {name!r} to the adapter store {store}: {reason}",)
-
-
-def _fsync_directory(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _copy_file(source: Path, target: Path) -> str:
@@ -199,7 +192,7 @@ class AdapterStore:
         }
         _write_file(temporary / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
         _write_file(temporary / ADAPTER_CONFIG, config_bytes)
-        _fsync_directory(temporary)
+        fsync_directory(temporary)
 
     def _move_into_place(
         self, temporary: Path, target: Path, name: str, version_id: uuid.UUID | str, attempts: int = 5
@@ -225,7 +218,7 @@ class AdapterStore:
                 if attempt == attempts:
                     raise
                 continue
-            _fsync_directory(target.parent)
+            fsync_directory(target.parent)
             return outcome
         raise AssertionError("unreachable")
 
@@ -254,7 +247,7 @@ class AdapterStore:
             target.rename(trash)
         except FileNotFoundError:  # another process discarded it first
             return
-        _fsync_directory(target.parent)
+        fsync_directory(target.parent)
         if trash.is_dir():
             shutil.rmtree(trash, ignore_errors=True)
         else:

@@ -26,12 +26,15 @@ without waiting and does nothing when another process holds it; DDL waits at mos
 shipper for long), and a pass that gives up, on a lock timeout or as the victim PostgreSQL picks
 in a deadlock, is simply run again by the next one. Retention locks `calls` before its
 partitions, the order of every writer's UPDATE, so it waits on writers and they on it, never in
-a cycle. While a partition is dropped the shipper's inserts wait; the journal holds the calls
-meanwhile.
+a cycle. The kept rows are copied before that lock, with a trigger recording the writes to the
+old partition meanwhile; the lock is held only to apply those by key and swap the partition out,
+so the shipper waits for a time that grows with the kept rows, not with the partition.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 from dataclasses import dataclass, field
@@ -307,33 +310,146 @@ async def create_partition(
     log.info("history: created partition %s [%s, %s)", name, lower, upper)
 
 
-async def _drop(cursor: psycopg.AsyncCursor[Any], partition: Partition) -> tuple[int, int]:
-    """Detach one partition, copy its kept rows back into calls (they land in DEFAULT), drop it.
+# How long the drop waits at most for ACCESS EXCLUSIVE on `calls` at one try, and how many tries
+# a pass makes. A lock request that waits makes every later request queue behind it (the
+# shipper's inserts among them), so a try is short and retried rather than long.
+DROP_LOCK_TRY_S = 0.5
+DROP_LOCK_TRIES = 6
+CHANGE_TRIGGER = "calls_retention_change"
 
-    Returns (rows dropped, rows kept)."""
+
+async def _watch_and_copy(
+    connection: psycopg.AsyncConnection[Any], settings: HistorySettings, partition: Partition
+) -> int | None:
+    """The first two steps of a drop, neither locking `calls` (the shipper goes on):
+
+    1. a trigger on the partition records every later write to it (calls_retention_changes);
+       creating it waits for writers of this partition only, never for the shipper's inserts
+       of today's calls;
+    2. the kept rows are copied into the session's temporary table `retained_calls` (and their
+       trajectories into `retained_trajectories`) from a snapshot taken after the trigger
+       exists, so a row is either in the copy or written later and recorded.
+
+    Returns the partition's row count at the copy; None when the partition is gone already."""
     name = sql.Identifier(partition.name)
-    # The parent first, then every partition (LOCK TABLE recurses in that order): the order in
-    # which an UPDATE of calls without a time bound (the stitcher, a deletion) takes its locks,
-    # so the two wait on each other at most lock_timeout, never in a cycle. Locking the old
-    # partition first and then needing calls for the DETACH deadlocked with those UPDATEs. A
-    # late journal line for this range waits, then lands in DEFAULT once the partition is gone.
-    await cursor.execute("LOCK TABLE calls IN ACCESS EXCLUSIVE MODE")
+    async with connection.transaction(), connection.cursor() as cursor:
+        await _locked(cursor, settings)
+        if not await _attached(cursor, partition.name):
+            return None
+        await cursor.execute(
+            sql.SQL(
+                "CREATE OR REPLACE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {} "
+                "FOR EACH ROW EXECUTE FUNCTION calls_retention_change()"
+            ).format(sql.Identifier(CHANGE_TRIGGER), name)
+        )
+        await cursor.execute("DELETE FROM calls_retention_changes WHERE partition = %s", (partition.name,))
+    async with connection.transaction(), connection.cursor() as cursor:
+        await cursor.execute("SET LOCAL jit = off")
+        await cursor.execute("DROP TABLE IF EXISTS retained_trajectories, retained_calls")
+        await cursor.execute(f"CREATE TEMP TABLE retained_trajectories AS {_KEPT_TRAJECTORIES}")
+        await cursor.execute("ALTER TABLE retained_trajectories ADD PRIMARY KEY (id)")
+        await cursor.execute(
+            sql.SQL(
+                "CREATE TEMP TABLE retained_calls AS SELECT c.* FROM {} c "
+                "WHERE c.trajectory_id IN (SELECT id FROM retained_trajectories)"
+            ).format(name)
+        )
+        await cursor.execute("CREATE INDEX ON retained_calls (id)")
+        await cursor.execute(sql.SQL("SELECT count(*) FROM {}").format(name))
+        row = await cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _swap_out(cursor: psycopg.AsyncCursor[Any], partition: Partition, copied_total: int) -> tuple[int, int]:
+    """The last step of a drop, under ACCESS EXCLUSIVE on `calls` (taken by the caller): bring
+    the copy up to date (rows written since it, trajectories kept or no longer kept since it,
+    each found by index), detach the partition, put the kept rows back into `calls` (they land
+    in DEFAULT) and drop it. Returns (rows dropped, rows kept)."""
+    name = sql.Identifier(partition.name)
     await cursor.execute("CREATE TEMP TABLE IF NOT EXISTS kept_trajectories (id uuid PRIMARY KEY) ON COMMIT DROP")
     await cursor.execute(f"INSERT INTO kept_trajectories {_KEPT_TRAJECTORIES} ON CONFLICT DO NOTHING")
     await cursor.execute(
+        "CREATE TEMP TABLE changed_calls ON COMMIT DROP AS SELECT DISTINCT call_id AS id "
+        "FROM calls_retention_changes WHERE partition = %s",
+        (partition.name,),
+    )
+    await cursor.execute(
+        "SELECT count(*) FILTER (WHERE operation = 'INSERT') - count(*) FILTER (WHERE operation = 'DELETE') "
+        "FROM calls_retention_changes WHERE partition = %s",
+        (partition.name,),
+    )
+    row = await cursor.fetchone()
+    total = copied_total + int(row[0] if row and row[0] is not None else 0)
+    # Forget what changed since the copy, and what is no longer kept...
+    await cursor.execute("DELETE FROM retained_calls r USING changed_calls ch WHERE ch.id = r.id")
+    await cursor.execute(
+        "DELETE FROM retained_calls r WHERE NOT EXISTS (SELECT 1 FROM kept_trajectories k WHERE k.id = r.trajectory_id)"
+    )
+    # ...then read the changed rows as they are now, and the rows of newly kept trajectories.
+    await cursor.execute(
         sql.SQL(
-            "CREATE TEMP TABLE kept_calls ON COMMIT DROP AS "
-            "SELECT c.* FROM {} c WHERE c.trajectory_id IN (SELECT id FROM kept_trajectories)"
+            "INSERT INTO retained_calls SELECT c.* FROM {} c JOIN changed_calls ch ON ch.id = c.id "
+            "WHERE c.trajectory_id IN (SELECT id FROM kept_trajectories)"
         ).format(name)
     )
-    kept = cursor.rowcount
-    await cursor.execute(sql.SQL("SELECT count(*) FROM {}").format(name))
-    row = await cursor.fetchone()
-    total = int(row[0]) if row else 0
+    await cursor.execute(
+        sql.SQL(
+            "INSERT INTO retained_calls SELECT c.* FROM {} c "
+            "WHERE c.trajectory_id IN (SELECT id FROM kept_trajectories EXCEPT SELECT id FROM retained_trajectories) "
+            "AND NOT EXISTS (SELECT 1 FROM retained_calls r WHERE r.id = c.id)"
+        ).format(name)
+    )
     await cursor.execute(sql.SQL("ALTER TABLE calls DETACH PARTITION {}").format(name))
-    await cursor.execute("INSERT INTO calls SELECT * FROM kept_calls")
+    await cursor.execute("INSERT INTO calls SELECT * FROM retained_calls")
+    kept = cursor.rowcount
     await cursor.execute(sql.SQL("DROP TABLE {}").format(name))
+    await cursor.execute("DELETE FROM calls_retention_changes WHERE partition = %s", (partition.name,))
     return total - kept, kept
+
+
+async def _drop(
+    connection: psycopg.AsyncConnection[Any], settings: HistorySettings, partition: Partition
+) -> tuple[int, int] | None:
+    """Detach and drop one partition, its kept rows copied back into `calls` (into DEFAULT).
+
+    The copy (seconds for a day's partition) is made before the strong lock; ACCESS EXCLUSIVE on
+    `calls` is held only to apply the writes made since, by key, and to swap the partition out.
+    `calls` is locked first, then its partitions (LOCK TABLE recurses in that order): the
+    order of an UPDATE of calls without a time bound (the stitcher, a deletion), so the two
+    never wait on each other in a cycle. The lock is tried for DROP_LOCK_TRY_S at a time, since
+    a waiting request queues the shipper's inserts behind it.
+    A session advisory lock keeps another maintainer off the partition between the steps.
+    Returns (rows dropped, rows kept); None when another process dropped it first."""
+    async with connection.transaction(), connection.cursor() as cursor:  # a transaction: none is left open
+        await cursor.execute("SELECT pg_try_advisory_lock(%s)", (HISTORY_LOCK_ID,))
+        row = await cursor.fetchone()
+    if not row or not row[0]:
+        raise AnotherMaintainer
+    try:
+        copied_total = await _watch_and_copy(connection, settings, partition)
+        if copied_total is None:
+            return None
+        try_ms = int(min(settings.lock_timeout_s, DROP_LOCK_TRY_S) * 1000)
+        for attempt in range(1, DROP_LOCK_TRIES + 1):
+            try:
+                async with connection.transaction(), connection.cursor() as cursor:
+                    await _locked(cursor, settings)
+                    await cursor.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{try_ms}ms")))
+                    await cursor.execute("LOCK TABLE calls IN ACCESS EXCLUSIVE MODE")
+                    await cursor.execute("SET LOCAL jit = off")
+                    if not await _attached(cursor, partition.name):
+                        return None
+                    return await _swap_out(cursor, partition, copied_total)
+            except psycopg.errors.LockNotAvailable:
+                if attempt == DROP_LOCK_TRIES:
+                    raise
+                await asyncio.sleep(DROP_LOCK_TRY_S * attempt)
+        raise AssertionError("unreachable")
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            async with connection.transaction(), connection.cursor() as cursor:
+                await cursor.execute("DROP TABLE IF EXISTS retained_trajectories, retained_calls")
+                await cursor.execute("SELECT pg_advisory_unlock(%s)", (HISTORY_LOCK_ID,))
 
 
 async def _purge_default(cursor: psycopg.AsyncCursor[Any], cutoff: datetime) -> int:
@@ -361,12 +477,10 @@ async def apply_retention(
             break
         if not _NAME.match(partition.name):
             continue  # a partition an operator made by hand is left to the operator
-        async with connection.transaction():
-            async with connection.cursor() as cursor:
-                await _locked(cursor, settings)
-                if not await _attached(cursor, partition.name):
-                    continue  # dropped by another process since our listing
-                dropped, kept = await _drop(cursor, partition)
+        outcome = await _drop(connection, settings, partition)
+        if outcome is None:
+            continue  # dropped by another process since our listing
+        dropped, kept = outcome
         report.dropped.append(partition.name)
         report.rows_dropped += dropped
         report.rows_kept += kept

@@ -187,6 +187,18 @@ calls = Table(
 
 # Secrets this installation generates for itself, shared by all its gateway processes
 # (e.g. the key that derives trajectory ids from client-chosen names).
+# 0019: writes to a partition of `calls` while retention copies its kept rows, recorded by the
+# trigger function calls_retention_change() that retention puts on that partition only
+# (apprentice/store/history.py, the one writer and reader). Empty between retention passes.
+calls_retention_changes = Table(
+    "calls_retention_changes",
+    metadata,
+    Column("partition", Text, nullable=False),
+    Column("call_id", UUID(as_uuid=True), nullable=False),
+    Column("operation", Text, nullable=False),
+    Index("ix_calls_retention_changes_partition", "partition"),
+)
+
 instance_secrets = Table(
     "instance_secrets",
     metadata,

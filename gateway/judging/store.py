@@ -3,9 +3,10 @@
 Invariants:
 - The same trajectories are judged at most once per judge model and rubric
   (`uq_judgements_members`: the md5 of the sorted ids). A group with new quiet members (late
-  attempts, the same task run again) is judged again as a whole; its members' newer scores
-  replace the older ones (latest wins), so a group's current judge scores always come from one
-  judgement, on one scale. A claim inserts the row as 'running' with a lease;
+  attempts, the same task run again) is judged again with its members not yet judged twice
+  (groups_to_judge: each member at most MAX_JUDGEMENTS_PER_MEMBER times, once the new members
+  are half of them or have waited); newer scores replace older ones (latest wins), and each
+  judgement's scores are on one scale. A claim inserts the row as 'running' with a lease;
   a row still 'running' after its lease (its process died) may be claimed again, nothing else.
 - Concurrency and the budget hold across every gateway process: a claim runs under a
   transaction-scoped advisory lock of the policy, counts the running claims and the last
@@ -22,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,12 +58,18 @@ ORDER BY t.first_call_at, t.id
 LIMIT %(limit)s
 """
 
-# Which of some trajectories this judge and rubric judged already (any outcome).
+# How many times this judge and rubric judged each of some trajectories (any outcome).
 _JUDGED_IDS = """
-SELECT DISTINCT m::text AS id FROM judgements j, unnest(j.trajectory_ids) AS m
+SELECT m::text AS id, count(*) AS times FROM judgements j, unnest(j.trajectory_ids) AS m
 WHERE j.policy = %(policy)s AND j.judge_model = %(model)s AND j.rubric_hash = %(rubric_hash)s
   AND j.trajectory_ids && %(ids)s::uuid[] AND m = ANY(%(ids)s::uuid[])
+GROUP BY m
 """
+
+# A trajectory is put before the judge at most this many times (a trickling group: each member
+# judged when it arrives, and once more beside a later one), so judging a group of n members
+# arriving one by one costs at most 2 n member-judgings, not about n^2 / 2.
+MAX_JUDGEMENTS_PER_MEMBER = 2
 
 _JUDGED_KEYS = """
 SELECT members_key FROM judgements
@@ -169,17 +176,27 @@ def split_chunks(ids: Sequence[str], max_size: int) -> list[list[str]]:
 
 
 def groups_to_judge(
-    rows: Sequence[dict[str, Any]], judged: set[str], *, mode: str, max_group_size: int
+    rows: Sequence[dict[str, Any]],
+    judged: Mapping[str, int],
+    *,
+    mode: str,
+    max_group_size: int,
+    settled_before: float = float("inf"),
 ) -> list[GroupChunk]:
     """Quiet candidate trajectories -> the chunks to judge now.
 
-    Per group (apprentice/grouping.py): when some member is new to this judge, the group's
-    untrained quiet members are judged again as a whole (in balanced chunks of at most
-    max_group_size), so a group's current judge scores always come from one judgement, on one
-    scale (the newer scores replace the older ones); the learner trains the members of each
-    judgement as one GRPO group. Judging as members become quiet, rather than waiting for a whole
-    group to be, keeps a task that recurs under continuous traffic from never being judged. In
-    mode "missing" a group whose members all have a webhook reward is left alone.
+    Per group (apprentice/grouping.py), `judged` says how many times each member was judged.
+    A member judged MAX_JUDGEMENTS_PER_MEMBER times is final; the others (eligible) are judged
+    together, in balanced chunks of at most max_group_size, when the new members (never judged)
+    are at least half of them, or when every new member has been quiet since `settled_before`
+    (unix seconds: it waited a while for company and none came). So a group whose members
+    arrive one by one is judged in overlapping pairs or small sets, each member at most twice,
+    never the whole group again at every arrival (about n^2 / max_group_size judge calls for n
+    members). A member's current score is the one of its latest judgement (latest wins), and the
+    learner trains the members of each judgement as one GRPO group. Judging as members become
+    quiet, rather than waiting for a whole group to be, keeps a task that recurs under
+    continuous traffic from never being judged. In mode "missing" a group whose members all have
+    a webhook reward is left alone.
     """
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
@@ -187,11 +204,16 @@ def groups_to_judge(
         groups.setdefault((row["tenant"], key), []).append(row)
     ready = []
     for (tenant, key), members in groups.items():
-        if len(members) < 2 or all(m["id"] in judged for m in members):
+        eligible = [m for m in members if judged.get(m["id"], 0) < MAX_JUDGEMENTS_PER_MEMBER]
+        new = [m for m in eligible if m["id"] not in judged]
+        if len(eligible) < 2 or not new:
             continue
         if mode == "missing" and all(m["has_webhook"] for m in members):
             continue
-        for index, chunk in enumerate(split_chunks([m["id"] for m in members], max_group_size)):
+        settled = all(m["last_call_at"] < settled_before for m in new)
+        if 2 * len(new) < len(eligible) and not settled:
+            continue
+        for index, chunk in enumerate(split_chunks([m["id"] for m in eligible], max_group_size)):
             ready.append(GroupChunk(tenant, key, index, chunk))
     return ready
 
@@ -242,8 +264,16 @@ async def find_ready_groups(
             return []
         scope = {"policy": policy.name, "model": judge.model, "rubric_hash": rubric_hash}
         await cursor.execute(_JUDGED_IDS, {**scope, "ids": [r["id"] for r in rows]})
-        judged = {r["id"] for r in await cursor.fetchall()}
-        ready = groups_to_judge(rows, judged, mode=judge.mode, max_group_size=judge.max_group_size)
+        judged = {r["id"]: int(r["times"]) for r in await cursor.fetchall()}
+        # New members wait one more judge wait for company before they are judged beside
+        # members judged already.
+        ready = groups_to_judge(
+            rows,
+            judged,
+            mode=judge.mode,
+            max_group_size=judge.max_group_size,
+            settled_before=time.time() - 2 * policy.judge_wait_s,
+        )
         if not ready:
             return []
         await cursor.execute(_JUDGED_KEYS, {**scope, "keys": sorted({g.members_key for g in ready})})

@@ -19,7 +19,9 @@ stopped fitting.)
   name; X-Apprentice-Trajectory-Id answers the segment's id.
 
 Counts are this process's, like the stitch index: without the database on the request path,
-a run whose calls are spread over N processes is cut after at most N times the cap.
+a named run spread over N processes gets up to N times the cap per segment, and a run stitched
+by content whose calls alternate between processes is never cut (each process opens a new
+trajectory per call, which the store merges): docs/limits.md gives the figures.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ its allowed set and `--max-lora-rank`, no `modules_to_save`, no DoRA. Only the L
 are trained (no embeddings, no biases), so every adapter we write satisfies that; `save_adapter`
 checks it anyway before the file can reach a server.
 
-Writes are atomic: files go to a temporary sibling directory that is renamed into place, so a
-run killed while saving leaves no half-written adapter under a real name.
+Writes are atomic and durable: files go to a temporary sibling directory, every file and the
+directory are fsynced, and only then is it renamed into place (and the parent fsynced), so a run
+killed while saving, or a machine that loses power just after, leaves no half-written adapter
+under a real name (apprentice/durable_files.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from apprentice.durable_files import fsync_directory, fsync_tree
 from apprentice.settings import VLLM_LORA_RANKS
 
 TRAINABLE_ADAPTER = "default"
@@ -132,7 +135,9 @@ def save_adapter(
         config["modules_to_save"] = None
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
         check_vllm_format(tmp)
+        fsync_tree(tmp)
         os.replace(tmp, out)
+        fsync_directory(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
