@@ -23,8 +23,8 @@ from apprentice.settings import Settings
 from apprentice.store.schema import check_schema
 from gateway import __version__
 from gateway.endpoints import openapi, operations
-from gateway.endpoints.admin import exploration as admin_exploration
 from gateway.endpoints.admin import evalsets as admin_evalsets
+from gateway.endpoints.admin import exploration as admin_exploration
 from gateway.endpoints.admin import judging as admin_judging
 from gateway.endpoints.admin import keys as admin_keys
 from gateway.endpoints.admin import routes as admin_routes

@@ -8,7 +8,7 @@ retention puts on that partition only, and are applied to the copy under the loc
 key. The partition's rows are dropped with it; these rows are deleted when the pass ends.
 
 Revision ID: 0019
-Revises: 0012
+Revises: 0016
 Create Date: 2026-12-01
 """
 
@@ -19,7 +19,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import UUID
 
 revision = "0019"
-down_revision = "0012"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
