@@ -85,8 +85,18 @@ trajectories = Table(
     # 0009: false when a call of it came from a key that opted out of training or from a policy
     # with record_for_training false: recorded for observability, never selected or judged.
     Column("trainable", Boolean, nullable=False, server_default=text("true")),
+    # 0014: the run's task family (apprentice.grouping.task_family of its first call and the
+    # client's X-Task-Family): the learner's cross-prompt baseline and the canary's strata.
+    Column("task_family", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_trajectories_policy_last_call", "policy", "last_call_at"),
+    Index(
+        "ix_trajectories_policy_family_last_call",
+        "policy",
+        "task_family",
+        "last_call_at",
+        postgresql_where=text("task_family IS NOT NULL"),
+    ),
     Index(
         "ix_trajectories_tenant_client_id",
         "tenant",
@@ -383,4 +393,26 @@ judgements = Table(
     Index("ix_judgements_group", "policy", "tenant", "group_key"),
     Index("ix_judgements_members", "trajectory_ids", postgresql_using="gin"),
     Index("ix_judgements_policy_started", "policy", "started_at"),
+)
+
+
+# 0014: reward functions (settings: policies[].reward_functions; gateway/scoring): one row per
+# trajectory and function name, claimed 'running' with a lease, ending 'scored' (the score is a
+# reward with source 'function') or 'failed' after max_attempts. Its started_at times are the
+# function's hourly budget across gateway processes.
+function_scorings = Table(
+    "function_scorings",
+    metadata,
+    Column("trajectory_id", UUID(as_uuid=True), ForeignKey("trajectories.id", ondelete="CASCADE"), primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("policy", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default="running"),  # running | scored | failed
+    Column("attempts", Integer, nullable=False, server_default="1"),
+    Column("value", Double),
+    Column("error", Text),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finished_at", DateTime(timezone=True)),
+    CheckConstraint("status IN ('running', 'scored', 'failed')", name="ck_function_scorings_status"),
+    Index("ix_function_scorings_budget", "policy", "name", "started_at"),
 )
