@@ -258,10 +258,12 @@ def _segments(
 
 def _samples(
     grouping: Grouping, selection: Selection, tokenizer: Any, advantage: AdvantageKind, min_group_size: int
-) -> tuple[list[TrainSample], dict[str, int]]:
+) -> tuple[list[TrainSample], dict[str, int], list[str]]:
     """Tokenized samples with advantages: within each usable group (GRPO), and for the pooled
     groups' members against their family's baseline (advantages.family_advantages, one batch);
-    and how many trajectories would not tokenize (by error)."""
+    how many trajectories would not tokenize or wait for their family (by reason); and the pooled
+    members whose reward is exactly their baseline: no signal, consumed like equal-reward groups
+    (they stay in the family's baseline), or they would be selected and trigger runs for ever."""
     from learner.grpo.trainer import TrainSample
 
     samples: list[TrainSample] = []
@@ -286,10 +288,13 @@ def _samples(
             pooled.append((member, reward, segments))
             baselines.append(baseline)
     advantages = family_advantages([reward for _, reward, _ in pooled], baselines, advantage)
+    no_signal: list[str] = []
     for (member, reward, segments), adv in zip(pooled, advantages, strict=True):
-        if adv != 0.0:  # exactly its baseline: no signal, and nothing to spend a forward pass on
+        if adv == 0.0:  # exactly its baseline: nothing to learn, nothing to spend a forward pass on
+            no_signal.append(member.trajectory_id)
+        else:
             samples.append(TrainSample(member.trajectory_id, reward, adv, segments, member.answers))
-    return samples, skipped
+    return samples, skipped, no_signal
 
 
 def run_once(
@@ -399,6 +404,8 @@ class RunContext:
     metrics: dict[str, Any]  # training_runs.metrics, filled as the run goes
     # The trained LoRA weights gathered whole, when the model holds shards (FSDP); else None.
     adapter_state: dict[str, Any] | None = None
+    # Pooled members exactly at their family's baseline (see _samples): consumed, never trained.
+    no_signal: list[str] = field(default_factory=list)
 
     @property
     def head(self) -> AdapterVersion | None:
@@ -409,7 +416,8 @@ class RunContext:
     def set_aside(self) -> list[str]:
         """Consumed by a run that trains (or skips) without training on them: trajectories of groups
         that carry no signal, and trajectories sampled outside the lineage's staleness bound."""
-        return [m.trajectory_id for g in self.grouping.set_aside() for m in g.members] + list(self.selection.stale)
+        set_aside = [m.trajectory_id for g in self.grouping.set_aside() for m in g.members]
+        return set_aside + self.no_signal + list(self.selection.stale)
 
     @property
     def group_counts(self) -> dict[str, int]:
@@ -493,7 +501,7 @@ def _train_and_record(run: RunContext) -> RunOutcome:
     trainer = run.trainer
     torch.set_num_threads(training_threads(learning))
     loads = (trainer.base_loads, trainer.adapter_loads)
-    samples, skipped = _samples(
+    samples, skipped, run.no_signal = _samples(
         run.grouping, run.selection, trainer.load_base(), learning.advantage, learning.min_group_size
     )
     run.metrics["tokenization_skipped"] = skipped

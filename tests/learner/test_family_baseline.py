@@ -84,8 +84,8 @@ def test_prompts_that_never_repeat_train_against_their_familys_leave_one_out_bas
         selection = select(connection, settings)
     grouping = make_groups(selection.members, 4, selection.now, 0.0, selection.may_pool)
     assert grouping.counts()["pooled"] == 6 and not grouping.too_small and not grouping.usable
-    samples, skipped = _samples(grouping, selection, None, "dr_grpo", 4)
-    assert not skipped
+    samples, skipped, no_signal = _samples(grouping, selection, None, "dr_grpo", 4)
+    assert not skipped and not no_signal
     advantages = {s.trajectory_id: s.advantage for s in samples}
     for trajectory, reward in zip(ids, rewards, strict=True):
         others = [r for t, r in zip(ids, rewards, strict=True) if t != trajectory]
@@ -99,11 +99,12 @@ def test_the_baseline_reads_the_familys_trained_rewards_too_and_never_another_fa
     with psycopg.connect(database_url, autocommit=True) as connection:
         selection = select(connection, policy("webhook", no_judge=True, min_group_size=4))
     grouping = make_groups(selection.members, 4, selection.now, 0.0, selection.may_pool)
-    samples, _ = _samples(grouping, selection, None, "dr_grpo", 4)
+    samples, _, no_signal = _samples(grouping, selection, None, "dr_grpo", 4)
     by_id = {s.trajectory_id: s.advantage for s in samples}
     assert by_id[lone] == pytest.approx(-1.0)  # 0 against the family's three trained 1.0s
-    # The other family's members have only each other: 3 others each, all 0 -> no signal, not trained.
-    assert len(by_id) == 1
+    # The other family's members have only each other: 3 others each, all 0 -> no signal, not
+    # trained, consumed (or they would trigger runs for ever).
+    assert len(by_id) == 1 and len(no_signal) == 4
 
 
 def test_a_family_with_too_few_rewards_waits_and_the_judges_scores_are_never_pooled(db, database_url):
@@ -111,8 +112,8 @@ def test_a_family_with_too_few_rewards_waits_and_the_judges_scores_are_never_poo
     with psycopg.connect(database_url, autocommit=True) as connection:
         selection = select(connection, policy("webhook", no_judge=True, min_group_size=4))
     grouping = make_groups(selection.members, 4, selection.now, 0.0, selection.may_pool)
-    samples, skipped = _samples(grouping, selection, None, "grpo", 4)
-    assert samples == [] and skipped == {"family_too_small": 2}
+    samples, skipped, no_signal = _samples(grouping, selection, None, "grpo", 4)
+    assert samples == [] and no_signal == [] and skipped == {"family_too_small": 2}
 
     for trajectory in few:
         add_reward(db, trajectory, 0.5, "judge")
