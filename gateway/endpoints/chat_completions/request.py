@@ -53,7 +53,7 @@ class ChatRequest:
             stream=bool(body.get("stream")),
             client_trajectory_id=client_trajectory_id,
             group_id=group_id,
-            task_family=task_family,
+            task_family=_optional_name(task_family, grouping.FAMILY_HEADER),
         )
 
     def family(self, policy: str | None) -> str:
