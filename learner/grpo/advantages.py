@@ -6,7 +6,10 @@ variants, chosen in config (`learning.advantage`):
   nearly-solved and nearly-failed groups (small std) the loudest voice.
 - "dr_grpo" (Dr. GRPO, Liu et al. 2025): r - mean. Removes that difficulty bias; rewards keep
   their units.
-The std is the sample std (n - 1), as TRL computes it. Pure Python.
+The std is the sample std (n - 1), as TRL computes it. A trajectory with no siblings to compare
+with (a prompt that never repeats) is measured against its task family instead:
+`family_advantages` (RLOO's leave-one-out baseline across the family's prompts, REINFORCE++'s
+batch scale; its formula and bias in its docstring). Pure Python.
 """
 
 from __future__ import annotations
