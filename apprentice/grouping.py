@@ -56,3 +56,41 @@ def group_name(group_id: str | None, task: str) -> str:
 # The client trajectory ids under which the LLM judge's own calls are recorded
 # (gateway/judging): they are never judged and never trained on.
 JUDGE_TRAJECTORY_PREFIX = "apprentice-judge:"
+
+
+# ------------------------------------------------------------------ task families
+
+# How a client names a run's task family: a request header, or a key of the body's `metadata`
+# (removed before forwarding, like metadata.group_id).
+FAMILY_HEADER = "X-Task-Family"
+METADATA_FAMILY = "task_family"
+
+# Roles whose messages set up a task rather than pose one instance of it.
+_SETUP_ROLES = ("system", "developer")
+
+
+def task_family(policy: str | None, messages: Sequence[Any], tools: Any = None, named: str | None = None) -> str:
+    """The task family of a run: what its runs share besides the instance they were given.
+
+    The one definition of a family (the learner's cross-prompt baseline, the gateway's recorder
+    and the canary's strata all call this):
+    - `named:<name>` when the client names it (the X-Task-Family header or metadata.task_family);
+    - else `prompt:<hash>` of the system (and developer) messages before the first assistant
+      turn and the tools, when there are any: runs of one agent share its instructions and tools
+      whatever the user asked;
+    - else `policy:<policy>`: with neither, all of a policy's runs are one family.
+    A family is a name within a tenant: keys that compare families add the tenant
+    (`tenant_family_key`). Prompts of one family need not repeat; that is the point.
+    """
+    if named:
+        return f"named:{named}"
+    setup = [m for m in task_messages(messages) if isinstance(m, dict) and m.get("role") in _SETUP_ROLES]
+    if setup or tools:
+        canonical = json.dumps([setup, tools or None], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return "prompt:" + hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+    return f"policy:{policy or ''}"
+
+
+def tenant_family_key(tenant: str, family: str) -> str:
+    """A family across tenants: never shared, like groups."""
+    return f"{tenant}\x00family\x00{family}"

@@ -369,6 +369,14 @@ class LearningSettings(BaseModel):
     min_group_size: int = Field(default=2, ge=2)
     # "grpo": (r - mean) / std within the group; "dr_grpo": r - mean (no std scaling).
     advantage: Literal["grpo", "dr_grpo"] = "grpo"
+    # Groups with fewer rewarded members than min_group_size (a prompt that never repeats is a
+    # group of one) train against a baseline from their task family's other recent rewards
+    # (apprentice.grouping.task_family; learner/grpo/advantages.py family_advantages) instead of
+    # waiting for members that never come. Never for the judge's scores (relative within a group).
+    family_baseline: bool = True
+    # How many of the family's most recent rewards (within max_age_s, trained or not) form the
+    # baseline; at least min_group_size - 1 others are needed before a member trains.
+    family_baseline_size: int = Field(default=64, ge=2)
     # Loss aggregation: "token" (all loss tokens of a step weigh the same, DAPO), "sequence"
     # (mean of each trajectory's token mean, original GRPO), "dr_grpo" (sum over tokens divided
     # by trajectories x the longest trajectory's token count: no length normalisation).
@@ -611,6 +619,45 @@ class TeacherSettings(BaseModel):
 
 
 class RewardFunctionSettings(BaseModel):
+    """A scorer the operator provides for trajectories no client rewarded (docs/reward-functions.md).
+
+    Either an HTTP endpoint (`url`: the conversation and the answer POSTed as JSON, signed like
+    the gateway's reward webhooks with `secret`, a `{"score": number}` back within `timeout_s`)
+    or a Python entry point (`entry_point`: "module:function", called with the same JSON object,
+    returning a number). The gateway scores each trajectory of the policy that has no current
+    reward named `name` `wait_s` after its last call, and stores the score as a reward named
+    `name` with source "function" (idempotent per trajectory). Only `name` is compared within a
+    group: a function that produces the learner's `reward_name` must score on the webhook's scale.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    url: str | None = None
+    entry_point: str | None = None
+    # The HMAC key the request is signed with (or "os.environ/NAME"); None: unsigned.
+    secret: SecretStr | None = None
+    timeout_s: float = Field(default=30.0, gt=0)
+    # At most this many scorings an hour for this policy, across every gateway process.
+    max_calls_per_hour: int = Field(default=3600, ge=1)
+    # A trajectory is scored this long after its last call at the earliest: time for a webhook.
+    wait_s: float = Field(default=10.0, ge=0)
+    # Scorings in flight per gateway process.
+    concurrency: int = Field(default=4, ge=1)
+    # A scoring that fails is tried again this many times in all, then left alone.
+    max_attempts: int = Field(default=3, ge=1)
+    poll_interval_s: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> RewardFunctionSettings:
+        if (self.url is None) == (self.entry_point is None):
+            raise ValueError(f"reward function {self.name!r}: set exactly one of url and entry_point")
+        if self.entry_point is not None and ":" not in self.entry_point:
+            raise ValueError(f"reward function {self.name!r}: entry_point must be 'module:function'")
+        return self
+
+
+class EvaluationRewardFunctionSettings(BaseModel):
     """An operator's scoring endpoint for evaluation items (docs/evaluation-sets.md): POSTed
     {conversation, answer, ...}, answers {"score": number}; each request is signed like a reward
     webhook (Apprentice-Signature, with the named `rewards.webhook_secrets` entry)."""
@@ -629,7 +676,7 @@ class EvaluationSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # Reward functions items may name (`{"method": "reward_function", "name": ...}`).
-    reward_functions: dict[str, RewardFunctionSettings] = Field(default_factory=dict)
+    reward_functions: dict[str, EvaluationRewardFunctionSettings] = Field(default_factory=dict)
     # Each answer: greedy, at most this many tokens, within timeout_s.
     max_tokens: int = Field(default=512, ge=1)
     timeout_s: float = Field(default=120.0, gt=0)
@@ -673,6 +720,8 @@ class PolicySettings(BaseModel):
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
     # An LLM judge for groups without (or beside) webhook rewards; None: no judging.
     judge: JudgeSettings | None = None
+    # Scorers the operator runs for trajectories without a reward (RewardFunctionSettings).
+    reward_functions: list[RewardFunctionSettings] = Field(default_factory=list)
     # A hosted model that serves the policy's traffic until the policy takes over, and whose best
     # rewarded answers the policy is distilled from (docs/distillation.md); None: no teacher.
     teacher: TeacherSettings | None = None

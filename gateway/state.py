@@ -35,6 +35,7 @@ from gateway.policies.notifications import AdapterNotifications
 from gateway.policies.versions import PolicyVersions, sticky_graces
 from gateway.redaction.record import RecordRedactor
 from gateway.rewards.linker import RewardLinker
+from gateway.scoring.worker import RewardFunctionWorker
 from gateway.store.calls import insert_call_lines, stitch_pending
 from gateway.tracing.exporter import make_tracer
 from gateway.trajectories.cap import TrajectoryCap
@@ -112,6 +113,8 @@ class GatewayState:
         self.reward_linker = RewardLinker(self.engine, settings)
         # Only when some policy has a judge (docs/judge.md).
         self.judge = JudgeWorker(self.engine, settings)
+        # Only when some policy declares reward functions (docs/reward-functions.md).
+        self.reward_functions = RewardFunctionWorker(self.engine, settings)
         # Partitions of calls made ahead and dropped by retention (docs/history.md).
         self.history = HistoryMaintenance(self.engine, settings.history)
         self.workers: list[PeriodicWorker] = [
@@ -126,6 +129,8 @@ class GatewayState:
         ]
         if self.judge.enabled:
             self.workers.append(self.judge.worker)
+        if self.reward_functions.enabled:
+            self.workers.append(self.reward_functions.worker)
         if self.endpoint_discovery.enabled:
             self.workers.append(self.endpoint_discovery.worker)
         # OpenTelemetry spans of calls and rewards (docs/tracing.md); None: not configured.
@@ -148,6 +153,7 @@ class GatewayState:
         self.reward_linker.start()
         self.history.start()
         self.judge.start()
+        self.reward_functions.start()
         if self.tracer is not None:
             self.tracer.start()
         self.explorer.start()
@@ -157,6 +163,7 @@ class GatewayState:
         for step in (
             self.explorer.stop,
             self.judge.stop,
+            self.reward_functions.stop,
             self.adapter_notifications.stop,
             self.keys.stop,
             self.limit_sync.stop,

@@ -88,6 +88,9 @@ trajectories = Table(
     # 0015: false for an exploration sample (gateway/exploration): an answer no client saw,
     # trained on with its group, never counted in the canary's arms.
     Column("served", Boolean, nullable=False, server_default=text("true")),
+    # 0014: the run's task family (apprentice.grouping.task_family of its first call and the
+    # client's X-Task-Family): the learner's cross-prompt baseline and the canary's strata.
+    Column("task_family", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # 0013: the canary arm the run was assigned at its first call (analysis by assigned arm),
     # the version it pointed to, the probability of the canary's arm then, the randomised unit
@@ -98,6 +101,13 @@ trajectories = Table(
     Column("arm_unit", Text),
     Column("task_key", Text),
     Index("ix_trajectories_policy_last_call", "policy", "last_call_at"),
+    Index(
+        "ix_trajectories_policy_family_last_call",
+        "policy",
+        "task_family",
+        "last_call_at",
+        postgresql_where=text("task_family IS NOT NULL"),
+    ),
     Index(
         "ix_trajectories_tenant_client_id",
         "tenant",
@@ -483,4 +493,24 @@ eval_results = Table(
     Column("score", Double),
     Column("answer", Text),
     Column("detail", Text),  # why: the judge's explanation, the match, or the scoring error
+
+# 0014: reward functions (settings: policies[].reward_functions; gateway/scoring): one row per
+# trajectory and function name, claimed 'running' with a lease, ending 'scored' (the score is a
+# reward with source 'function') or 'failed' after max_attempts. Its started_at times are the
+# function's hourly budget across gateway processes.
+function_scorings = Table(
+    "function_scorings",
+    metadata,
+    Column("trajectory_id", UUID(as_uuid=True), ForeignKey("trajectories.id", ondelete="CASCADE"), primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("policy", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default="running"),  # running | scored | failed
+    Column("attempts", Integer, nullable=False, server_default="1"),
+    Column("value", Double),
+    Column("error", Text),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finished_at", DateTime(timezone=True)),
+    CheckConstraint("status IN ('running', 'scored', 'failed')", name="ck_function_scorings_status"),
+    Index("ix_function_scorings_budget", "policy", "name", "started_at"),
 )

@@ -125,6 +125,16 @@ GroupId = Annotated[
         pattern=NOT_BLANK,
     ),
 ]
+TaskFamily = Annotated[
+    str | None,
+    Header(
+        alias="X-Task-Family",
+        description="The run's task family (apprentice.grouping.task_family): runs of different prompts that one "
+        "baseline compares, e.g. one agent's tickets. Without it: the system prompt and tools, else the policy.",
+        max_length=NAME_LENGTH,
+        pattern=NOT_BLANK,
+    ),
+]
 AnthropicVersion = Annotated[
     str | None,
     Header(
@@ -218,7 +228,11 @@ router = APIRouter()  # never included in an app: see the module docstring
 
 
 async def create_chat_completion(
-    body: ChatCompletionRequest, key: Bearer, trajectory: TrajectoryId = None, group: GroupId = None
+    body: ChatCompletionRequest,
+    key: Bearer,
+    trajectory: TrajectoryId = None,
+    group: GroupId = None,
+    family: TaskFamily = None,
 ) -> None:
     raise _never()
 
@@ -229,7 +243,8 @@ _declare(
     tag="chat completions",
     summary="Create a chat completion",
     description="OpenAI's chat completions: everything the API allows, and fields the gateway does not know, "
-    "reach the upstream as sent; the gateway only removes `metadata.trajectory_id` and `metadata.group_id`, asks "
+    "reach the upstream as sent; the gateway only removes `metadata.trajectory_id`, `metadata.group_id` and "
+    "`metadata.task_family`, asks "
     "for usage on streams, and sets a policy's adapter, temperature and token capture (removed from the answer). "
     "With `stream: true` the answer is server-sent events, `data: <chunk>` each, ended by `data: [DONE]`."
     + RECORDED
@@ -241,7 +256,11 @@ _declare(
 
 
 async def create_response(
-    body: ResponsesRequest, key: Bearer, trajectory: TrajectoryId = None, group: GroupId = None
+    body: ResponsesRequest,
+    key: Bearer,
+    trajectory: TrajectoryId = None,
+    group: GroupId = None,
+    family: TaskFamily = None,
 ) -> None:
     raise _never()
 
@@ -272,6 +291,7 @@ async def create_message(
     beta: AnthropicBeta = None,
     trajectory: TrajectoryId = None,
     group: GroupId = None,
+    family: TaskFamily = None,
 ) -> None:
     raise _never()
 

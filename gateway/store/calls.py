@@ -79,6 +79,7 @@ WITH key_flags AS MATERIALIZED (
            (array_agg(c.r->>'task_key' ORDER BY i.created_at))[1] AS task_key,
            max(c.r->>'client_trajectory_id') AS client_trajectory_id,
            max(c.r->>'group_id') AS group_id,
+           (array_agg(c.r->>'task_family' ORDER BY i.created_at))[1] AS task_family,
            min(i.created_at) AS first_call_at,
            max(i.created_at) AS last_call_at,
            count(*) AS n,
@@ -90,10 +91,11 @@ WITH key_flags AS MATERIALIZED (
     GROUP BY i.trajectory_id
 )
 INSERT INTO trajectories AS t (id, tenant, model, policy, adapter_version_id, client_trajectory_id,
-                               group_id, first_call_at, last_call_at, call_count, trainable, served,
+                               group_id, task_family, first_call_at, last_call_at, call_count, trainable, served,
                                arm, arm_version_id, arm_share, arm_unit, task_key)
 SELECT trajectory_id, tenant, model, policy, adapter_version_id, client_trajectory_id, group_id,
-       first_call_at, last_call_at, n, trainable, served, arm, arm_version_id, arm_share, arm_unit, task_key
+       task_family, first_call_at, last_call_at, n, trainable, served, arm, arm_version_id, arm_share, arm_unit,
+       task_key
 FROM per_trajectory
 ON CONFLICT (id) DO UPDATE SET
     first_call_at = least(t.first_call_at, excluded.first_call_at),
@@ -101,6 +103,10 @@ ON CONFLICT (id) DO UPDATE SET
     call_count = t.call_count + excluded.call_count,
     client_trajectory_id = coalesce(t.client_trajectory_id, excluded.client_trajectory_id),
     group_id = coalesce(excluded.group_id, t.group_id),
+    -- the family of the run's first call: a later call never renames it
+    task_family = CASE WHEN excluded.first_call_at < t.first_call_at
+                       THEN coalesce(excluded.task_family, t.task_family)
+                       ELSE coalesce(t.task_family, excluded.task_family) END,
     trainable = t.trainable AND excluded.trainable,
     served = t.served AND excluded.served
 """
@@ -130,10 +136,11 @@ _APPLY_MERGES = [
     """UPDATE trajectories t SET
            call_count = s.n, first_call_at = s.first_call_at, last_call_at = s.last_call_at,
            group_id = coalesce(t.group_id, s.group_id),
+           task_family = coalesce(t.task_family, s.task_family),
            client_trajectory_id = coalesce(t.client_trajectory_id, s.client_trajectory_id)
        FROM (SELECT c.trajectory_id, count(*) AS n, min(c.created_at) AS first_call_at,
                     max(c.created_at) AS last_call_at, max(ch.group_id) AS group_id,
-                    max(ch.client_trajectory_id) AS client_trajectory_id
+                    max(ch.task_family) AS task_family, max(ch.client_trajectory_id) AS client_trajectory_id
              FROM calls c
              JOIN merges m ON c.trajectory_id = m.parent
              LEFT JOIN trajectories ch ON ch.id = m.child

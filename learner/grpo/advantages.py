@@ -6,7 +6,10 @@ variants, chosen in config (`learning.advantage`):
   nearly-solved and nearly-failed groups (small std) the loudest voice.
 - "dr_grpo" (Dr. GRPO, Liu et al. 2025): r - mean. Removes that difficulty bias; rewards keep
   their units.
-The std is the sample std (n - 1), as TRL computes it. Pure Python.
+The std is the sample std (n - 1), as TRL computes it. A trajectory with no siblings to compare
+with (a prompt that never repeats) is measured against its task family instead:
+`family_advantages` (RLOO's leave-one-out baseline across the family's prompts, REINFORCE++'s
+batch scale; its formula and bias in its docstring). Pure Python.
 """
 
 from __future__ import annotations
@@ -32,3 +35,53 @@ def group_advantages(rewards: Sequence[float], kind: AdvantageKind = "grpo", eps
         raise ValueError(f"unknown advantage kind {kind!r}")
     std = math.sqrt(sum(c * c for c in centred) / (n - 1)) if n > 1 else 0.0
     return [c / (std + eps) for c in centred]
+
+
+def leave_one_out_baseline(history: Sequence[tuple[str, float]], exclude: str, min_others: int) -> float | None:
+    """The mean of a family's recent rewards other than trajectory `exclude`'s (RLOO's baseline,
+    taken across the family's prompts); None when fewer than `min_others` others exist."""
+    others = [reward for trajectory, reward in history if trajectory != exclude]
+    if len(others) < max(min_others, 1):
+        return None
+    return sum(others) / len(others)
+
+
+def family_advantages(
+    rewards: Sequence[float], baselines: Sequence[float], kind: AdvantageKind = "grpo", eps: float = STD_EPS
+) -> list[float]:
+    """Advantages of trajectories that have no siblings to compare with, against their task family.
+
+    For trajectory i with reward r_i, of a family whose other recent rewards are R_-i (the
+    leave-one-out set: the family's most recent rewards, its own left out), over the batch B of
+    such trajectories in one run:
+
+        b_i = mean(R_-i)                       RLOO's leave-one-out baseline (Ahmadian et al.,
+                                               "Back to Basics", ACL 2024), across prompts
+        c_i = r_i - b_i
+        s   = sqrt(mean_{j in B} c_j^2)        the batch's scale, as REINFORCE++ normalises over
+                                               the global batch (Hu, arXiv 2501.03262, 2025)
+        A_i = c_i / (s + eps)   ("grpo")       A_i = c_i   ("dr_grpo": rewards keep their units)
+
+    Bias, stated: b_i never includes r_i, so it does not depend on trajectory i's answer and
+    E[grad log pi(answer) * b_i] = 0: the centring adds no bias, however stale or however
+    different the family's other prompts are. What it does not remove is variance from prompt
+    difficulty: an easy prompt's answer looks good whatever it does, so the signal is only as
+    good as the family is homogeneous (a per-prompt baseline would remove that; there is no
+    second answer to take it from). The rewards in R_-i come from older versions too, so as the
+    policy improves b_i lags and advantages drift positive (more weight on what the policy
+    already does well, never a wrong sign on average). The scale s includes c_i itself, a
+    bias of order 1/|B| in the step size (as GRPO's std and REINFORCE++'s normalisation have),
+    never in the direction. Unlike REINFORCE++ the batch mean is not subtracted again: the
+    family baseline is the centring, and subtracting the batch's own mean would make the batch
+    one GRPO group of unrelated prompts. The root mean square, not the std about the mean, is the
+    scale, so a batch whose members all beat their baseline by the same amount stays finite.
+    """
+    if len(rewards) != len(baselines):
+        raise ValueError("one baseline per reward")
+    centred = [r - b for r, b in zip(rewards, baselines, strict=True)]
+    if not centred or kind == "dr_grpo":
+        return centred
+    if kind != "grpo":
+        raise ValueError(f"unknown advantage kind {kind!r}")
+    scale = math.sqrt(sum(c * c for c in centred) / len(centred))
+    return [c / (scale + eps) for c in centred]

@@ -8,7 +8,12 @@ tools, as the first call sent them. Tenants never share a group.
 Groups are then sorted into what trains and what does not, each counted for the run record:
 - `waiting`: some members have no reward yet and the group is recent: late rewards should
   join their group rather than leave it too small later; it trains in a later run.
-- `too_small`: fewer rewarded members than `min_group_size`; they stay for a later run.
+- `pooled`: fewer rewarded members than `min_group_size` (a prompt that never repeats is a
+  group of one), and the group's reward may be compared across prompts (`may_pool`: the
+  webhook's, never the judge's relative scores): its members train against their task family's
+  baseline (advantages.family_advantages) instead of each other.
+- `too_small`: fewer rewarded members than `min_group_size` and not pooled; they stay for a
+  later run.
 - `greedy`: sampled at temperature 0, or every completion identical: no variety, no signal.
   Reported so that the operator sets the policy's temperature.
 - `equal_rewards`: all rewards equal: every advantage is zero, no signal (DAPO's dynamic
@@ -21,11 +26,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from apprentice.grouping import tenant_group_key
+from apprentice.grouping import tenant_family_key, tenant_group_key
 
 GREEDY_TEMPERATURE = 1e-5
 
@@ -42,6 +47,8 @@ class Member:
     greedy: bool = False  # some call was sampled at temperature 0
     completion_key: str = ""  # a fingerprint of what it answered, to spot identical completions
     last_call_at: float = 0.0  # unix seconds
+    family: str = ""  # apprentice.grouping.task_family of its first call
+    answers: int = 1  # assistant turns it trains (its answered calls): what a batch counts
 
 
 @dataclass(slots=True)
@@ -65,11 +72,16 @@ class Grouping:
     greedy: list[Group] = field(default_factory=list)
     too_small: list[Group] = field(default_factory=list)
     waiting: list[Group] = field(default_factory=list)
+    pooled: list[Group] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        return {
-            name: len(getattr(self, name)) for name in ("usable", "equal_rewards", "greedy", "too_small", "waiting")
-        }
+        names = ("usable", "pooled", "equal_rewards", "greedy", "too_small", "waiting")
+        return {name: len(getattr(self, name)) for name in names}
+
+    @property
+    def trainable(self) -> bool:
+        """Some group may carry a learning signal: within itself (usable) or against its family (pooled)."""
+        return bool(self.usable or self.pooled)
 
     def set_aside(self) -> list[Group]:
         """Groups looked at and found to carry no signal: consumed, never trained."""
@@ -101,8 +113,14 @@ def group_members(members: Iterable[Member]) -> list[Group]:
     return list(groups.values())
 
 
-def classify(groups: Iterable[Group], min_group_size: int, now: float, reward_wait_s: float) -> Grouping:
-    """Sort groups into usable and the kinds that do not train (see the module docstring)."""
+def classify(
+    groups: Iterable[Group],
+    min_group_size: int,
+    now: float,
+    reward_wait_s: float,
+    may_pool: Callable[[Group], bool] | None = None,
+) -> Grouping:
+    """Sort groups into usable, pooled and the kinds that do not train (see the module docstring)."""
     out = Grouping()
     for group in groups:
         rewarded = group.rewarded
@@ -112,7 +130,12 @@ def classify(groups: Iterable[Group], min_group_size: int, now: float, reward_wa
             out.waiting.append(group)
             continue
         if len(rewarded) < min_group_size:
-            out.too_small.append(group)
+            if rewarded and may_pool is not None and may_pool(group):
+                pooled = Group(group.key, rewarded)
+                # One member cannot show identical answers; temperature 0 still says "no variety".
+                (out.greedy if all(m.greedy for m in rewarded) else out.pooled).append(pooled)
+            else:
+                out.too_small.append(group)
             continue
         trained = Group(group.key, rewarded)
         if all(m.greedy for m in rewarded) or len({m.completion_key for m in rewarded}) == 1:
@@ -124,6 +147,17 @@ def classify(groups: Iterable[Group], min_group_size: int, now: float, reward_wa
     return out
 
 
-def make_groups(members: Iterable[Member], min_group_size: int, now: float, reward_wait_s: float = 0.0) -> Grouping:
+def make_groups(
+    members: Iterable[Member],
+    min_group_size: int,
+    now: float,
+    reward_wait_s: float = 0.0,
+    may_pool: Callable[[Group], bool] | None = None,
+) -> Grouping:
     """Group trajectories and classify the groups: the whole of this module in one call."""
-    return classify(group_members(members), min_group_size, now, reward_wait_s)
+    return classify(group_members(members), min_group_size, now, reward_wait_s, may_pool)
+
+
+def family_key(member: Member) -> str:
+    """The member's task family within its tenant (apprentice.grouping.tenant_family_key)."""
+    return tenant_family_key(member.tenant, member.family)

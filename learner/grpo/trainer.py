@@ -80,6 +80,9 @@ class TrainSample:
     reward: float
     advantage: float
     segments: list[Segment]
+    # Its answered calls (assistant turns): a run of k calls counts k answers toward a step's
+    # micro_batch_size x grad_accumulation, as k single calls would (see GRPOTrainer._plan).
+    answers: int = 1
 
     @property
     def loss_tokens(self) -> int:
@@ -154,6 +157,12 @@ def _row(sample: int, segment: Segment) -> _Row | None:
     )
 
 
+def step_sizes(samples: Sequence[TrainSample], rows_by_sample: dict[int, list[_Row]]) -> dict[int, int]:
+    """What each sample takes of an optimizer step: its answers (a run of two calls in one
+    merged sequence is two answers, not one row), or its rows when it has more."""
+    return {index: max(len(rows), samples[index].answers) for index, rows in rows_by_sample.items()}
+
+
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
@@ -210,7 +219,7 @@ class GRPOTrainer:
         optimizer = self.optimizer or torch.optim.AdamW(
             params, lr=self.config.lr, weight_decay=self.config.weight_decay
         )
-        steps = self._plan(sorted(rows_by_sample), {sample: len(rows) for sample, rows in rows_by_sample.items()})
+        steps = self._plan(sorted(rows_by_sample), step_sizes(samples, rows_by_sample))
         meter = _RunMeter()
         self.model.train()
         try:
@@ -359,7 +368,12 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ 2. samples -> optimizer steps
 
     def _plan(self, samples: Sequence[int], rows_per_sample: dict[int, int]) -> list[list[int]]:
-        """Optimizer steps as lists of sample indices: shuffled per epoch, never splitting a sample."""
+        """Optimizer steps as lists of sample indices: shuffled per epoch, never splitting a sample.
+
+        A step holds micro_batch_size x grad_accumulation of `rows_per_sample` (step_sizes: each
+        sample's answers, or its rows when more), so the same answers make the same number of
+        steps whether they came as single calls or as runs of several calls.
+        """
         rng = random.Random(self.config.seed)
         per_step = self.config.micro_batch_size * self.config.grad_accumulation
         steps: list[list[int]] = []

@@ -49,8 +49,8 @@ from psycopg.types.json import Jsonb
 
 from apprentice.promotion import lifecycle
 from apprentice.settings import PolicySettings, Settings
-from learner.grpo.advantages import AdvantageKind, group_advantages
-from learner.grpo.grouping import Grouping, Member, make_groups
+from learner.grpo.advantages import AdvantageKind, family_advantages, group_advantages, leave_one_out_baseline
+from learner.grpo.grouping import Group, Grouping, Member, family_key, make_groups
 from learner.jobs.selection import Selection, select
 from learner.jobs.session import PolicyTrainer, training_threads
 
@@ -226,44 +226,75 @@ def _grouping_metrics(grouping: Grouping, selection: Selection) -> dict[str, Any
 
 
 def _reward_sources(grouping: Grouping, selection: Selection) -> dict[str, int]:
-    """How many usable groups train on each reward (webhook or judge; never both in one group)."""
+    """How many usable and pooled groups train on each reward (webhook or judge; never both in one group)."""
     counts = {"webhook": 0, "judge": 0}
-    for group in grouping.usable:
+    for group in grouping.usable + grouping.pooled:
         source = selection.group_sources.get(group.key)
         if source is not None:
             counts[source] += 1
     return counts
 
 
+def _segments(
+    group: Group, selection: Selection, tokenizer: Any, skipped: dict[str, int]
+) -> list[tuple[Member, float, list[Segment]]]:
+    """The group's rewarded members with their token segments; those that do not tokenize are
+    counted in `skipped` (by error) and left out."""
+    from learner.grpo.tokens import TokenizationError, trajectory_segments
+
+    members: list[tuple[Member, float, list[Segment]]] = []
+    for member in group.members:
+        if member.reward is None:  # usable groups hold rewarded members only; a late change is skipped
+            continue
+        try:
+            segments = trajectory_segments(tokenizer, selection.candidates[member.trajectory_id].calls)
+        except TokenizationError as exc:
+            key = type(exc).__name__
+            skipped[key] = skipped.get(key, 0) + 1
+            continue
+        members.append((member, float(member.reward), segments))
+    return members
+
+
 def _samples(
     grouping: Grouping, selection: Selection, tokenizer: Any, advantage: AdvantageKind, min_group_size: int
-) -> tuple[list[TrainSample], dict[str, int]]:
-    """Tokenized samples with advantages for the usable groups, and how many trajectories would not
-    tokenize (by error)."""
-    from learner.grpo.tokens import TokenizationError, trajectory_segments
+) -> tuple[list[TrainSample], dict[str, int], list[str]]:
+    """Tokenized samples with advantages: within each usable group (GRPO), and for the pooled
+    groups' members against their family's baseline (advantages.family_advantages, one batch);
+    how many trajectories would not tokenize or wait for their family (by reason); and the pooled
+    members whose reward is exactly their baseline: no signal, consumed like equal-reward groups
+    (they stay in the family's baseline), or they would be selected and trigger runs for ever."""
     from learner.grpo.trainer import TrainSample
 
     samples: list[TrainSample] = []
     skipped: dict[str, int] = {}
     for group in grouping.usable:
-        members: list[tuple[Member, float, list[Segment]]] = []
-        for member in group.members:
-            if member.reward is None:  # usable groups hold rewarded members only; a late change is skipped
-                continue
-            try:
-                segments = trajectory_segments(tokenizer, selection.candidates[member.trajectory_id].calls)
-            except TokenizationError as exc:
-                key = type(exc).__name__
-                skipped[key] = skipped.get(key, 0) + 1
-                continue
-            members.append((member, float(member.reward), segments))
+        members = _segments(group, selection, tokenizer, skipped)
         rewards = [reward for _, reward, _ in members]
         if len(members) < min_group_size or max(rewards) == min(rewards):
             continue  # what is left after tokenization carries no signal; retried next run
         advantages = group_advantages(rewards, advantage)
         for (member, reward, segments), adv in zip(members, advantages, strict=True):
-            samples.append(TrainSample(member.trajectory_id, reward, adv, segments))
-    return samples, skipped
+            samples.append(TrainSample(member.trajectory_id, reward, adv, segments, member.answers))
+    pooled: list[tuple[Member, float, list[Segment]]] = []
+    baselines: list[float] = []
+    for group in grouping.pooled:
+        for member, reward, segments in _segments(group, selection, tokenizer, skipped):
+            history = selection.family_rewards.get(family_key(member), [])
+            baseline = leave_one_out_baseline(history, member.trajectory_id, min_group_size - 1)
+            if baseline is None:  # the family has too few other rewards yet: kept for a later run
+                skipped["family_too_small"] = skipped.get("family_too_small", 0) + 1
+                continue
+            pooled.append((member, reward, segments))
+            baselines.append(baseline)
+    advantages = family_advantages([reward for _, reward, _ in pooled], baselines, advantage)
+    no_signal: list[str] = []
+    for (member, reward, segments), adv in zip(pooled, advantages, strict=True):
+        if adv == 0.0:  # exactly its baseline: nothing to learn, nothing to spend a forward pass on
+            no_signal.append(member.trajectory_id)
+        else:
+            samples.append(TrainSample(member.trajectory_id, reward, adv, segments, member.answers))
+    return samples, skipped, no_signal
 
 
 def run_once(
@@ -373,6 +404,8 @@ class RunContext:
     metrics: dict[str, Any]  # training_runs.metrics, filled as the run goes
     # The trained LoRA weights gathered whole, when the model holds shards (FSDP); else None.
     adapter_state: dict[str, Any] | None = None
+    # Pooled members exactly at their family's baseline (see _samples): consumed, never trained.
+    no_signal: list[str] = field(default_factory=list)
 
     @property
     def head(self) -> AdapterVersion | None:
@@ -383,7 +416,8 @@ class RunContext:
     def set_aside(self) -> list[str]:
         """Consumed by a run that trains (or skips) without training on them: trajectories of groups
         that carry no signal, and trajectories sampled outside the lineage's staleness bound."""
-        return [m.trajectory_id for g in self.grouping.set_aside() for m in g.members] + list(self.selection.stale)
+        set_aside = [m.trajectory_id for g in self.grouping.set_aside() for m in g.members]
+        return set_aside + self.no_signal + list(self.selection.stale)
 
     @property
     def group_counts(self) -> dict[str, int]:
@@ -415,7 +449,9 @@ def _locked_run(
     try:
         _remove_orphan_adapters(connection, directory, policy.name)
         selection = select(connection, policy)
-        grouping = make_groups(selection.members, learning.min_group_size, selection.now, selection.wait_s)
+        grouping = make_groups(
+            selection.members, learning.min_group_size, selection.now, selection.wait_s, selection.may_pool
+        )
         metrics.update(_grouping_metrics(grouping, selection))
         run = RunContext(
             connection, policy, trainer, run_id, selection, grouping, directory, progress, started, metrics
@@ -427,7 +463,7 @@ def _locked_run(
                 policy.name,
                 len(grouping.greedy),
             )
-        if not grouping.usable:
+        if not grouping.trainable:
             return run.skip("no group with a learning signal", {**run.group_counts, "groups": 0, "trajectories": 0})
         return _train_and_record(run)
     except BaseException as exc:
@@ -465,7 +501,7 @@ def _train_and_record(run: RunContext) -> RunOutcome:
     trainer = run.trainer
     torch.set_num_threads(training_threads(learning))
     loads = (trainer.base_loads, trainer.adapter_loads)
-    samples, skipped = _samples(
+    samples, skipped, run.no_signal = _samples(
         run.grouping, run.selection, trainer.load_base(), learning.advantage, learning.min_group_size
     )
     run.metrics["tokenization_skipped"] = skipped
@@ -572,7 +608,7 @@ def _result_columns(
     rewards = [s.reward for s in samples]
     return {
         **run.group_counts,
-        "groups": len(run.grouping.usable),
+        "groups": len(run.grouping.usable) + len(run.grouping.pooled),
         "trajectories": len(trained_ids),
         "samples": result.samples,
         "tokens": result.loss_tokens,
@@ -636,7 +672,7 @@ def _save_and_record(
         run.run_id,
         name,
         len(trained_ids),
-        len(run.grouping.usable),
+        columns["groups"],
         columns["loss"],
         run.metrics["duration_s"],
     )

@@ -49,11 +49,11 @@ from typing import Any, Literal
 import psycopg
 from psycopg.rows import dict_row
 
-from apprentice.grouping import JUDGE_TRAJECTORY_PREFIX, task_key
+from apprentice.grouping import JUDGE_TRAJECTORY_PREFIX, task_family, task_key, tenant_family_key
 from apprentice.promotion.lineage import ancestors, lineage_head
 from apprentice.promotion.rows import AdapterVersion
-from apprentice.settings import PolicySettings
-from learner.grpo.grouping import Member, completion_key, group_key, is_greedy
+from apprentice.settings import LearningSettings, PolicySettings
+from learner.grpo.grouping import Group, Member, completion_key, group_key, is_greedy
 from learner.grpo.tokens import CallRecord, TokenizationError, parse_call
 
 # What a policy trains on (PolicySettings.reward_source), and what one group trains on.
@@ -79,7 +79,7 @@ t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL 
 # a NULL name matches no row); a trajectory with neither is not rewarded.
 _REWARDED = f"""
 SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at)::float8 AS last_call_at,
-       w.value AS webhook, j.value AS judge, j.judgement_id::text AS judgement
+       t.task_family, w.value AS webhook, j.value AS judge, j.judgement_id::text AS judgement
 FROM trajectories t
 LEFT JOIN rewards w ON w.trajectory_id = t.id AND w.name = %(webhook_name)s AND w.status = 'linked'
                    AND w.superseded_at IS NULL
@@ -153,6 +153,11 @@ class RewardPlan:
         wait_s = max(learning.reward_wait_s, policy.judge_wait_s) + judge.poll_interval_s + JUDGE_GRACE_S
         webhook_name = learning.reward_name if source == "webhook_else_judge" else None
         return cls(source, webhook_name, judge.reward_name, wait_s)
+
+    def pools_families(self, learning: LearningSettings) -> bool:
+        """Whether small groups may train against their family: only on the webhook's reward (its
+        values mean the same across prompts); the judge's scores are relative within one group."""
+        return learning.family_baseline and self.webhook_name is not None
 
     @property
     def names(self) -> list[str]:
@@ -233,6 +238,10 @@ class Selection:
     source: RewardSource = "webhook"  # the policy's resolved reward source
     wait_s: float = 0.0  # how long unrewarded members hold their group (RewardPlan.wait_s)
     group_sources: dict[str, GroupSource] = field(default_factory=dict)  # group key -> the reward it trains on
+    # tenant_family_key -> (trajectory id, webhook reward) of the family's most recent rewarded
+    # trajectories, trained or not: the baseline of groups too small to compare within. Empty
+    # when the policy does not pool families (learning.family_baseline off, or the judge trains).
+    family_rewards: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
     @property
     def stale_counts(self) -> dict[str, int]:
@@ -251,6 +260,11 @@ class Selection:
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def may_pool(self, group: Group) -> bool:
+        """A group too small to compare within may train against its family: when the policy pools
+        families (family_rewards were read) and the group trains on the webhook's reward."""
+        return bool(self.family_rewards) and self.group_sources.get(group.key) == "webhook"
 
 
 def served_by(row: dict[str, Any], base_model: str, versions: dict[str, Version]) -> tuple[bool, str | None]:
@@ -273,7 +287,11 @@ def _answer_key(call: CallRecord) -> Any:
 
 
 def build_candidate(
-    trajectory: dict[str, Any], rows: list[dict[str, Any]], base_model: str, versions: dict[str, Version]
+    trajectory: dict[str, Any],
+    rows: list[dict[str, Any]],
+    base_model: str,
+    versions: dict[str, Version],
+    policy: str | None = None,
 ) -> tuple[Candidate | None, str | None]:
     """A trajectory and its calls rows -> a Candidate, or None and the reason it cannot train."""
     answered = [r for r in rows if r["status_code"] == 200 and r["response"]]
@@ -299,6 +317,9 @@ def build_candidate(
         greedy=any(is_greedy(r["temperature"]) for r in answered),
         completion_key=completion_key(_answer_key(c) for c in calls),
         last_call_at=trajectory["last_call_at"],
+        # Recorded by the gateway since migration 0014; older rows: the same rule on the first call.
+        family=trajectory.get("task_family") or task_family(policy, first.get("messages") or [], first.get("tools")),
+        answers=len(calls),
     )
     return (
         Candidate(
@@ -372,6 +393,53 @@ def load_versions(connection: psycopg.Connection, policy: str) -> list[AdapterVe
         return [AdapterVersion.from_row(r) for r in cursor.fetchall()]
 
 
+# The most recent rewards of the candidates' families (webhook reward name, current, linked),
+# trained or not, at most family_baseline_size per family: the baseline of pooled members.
+_FAMILY_REWARDS = """
+SELECT id, tenant, task_family, value FROM (
+    SELECT t.id::text AS id, t.tenant, t.task_family, r.value,
+           row_number() OVER (PARTITION BY t.tenant, t.task_family ORDER BY t.last_call_at DESC) AS n
+    FROM trajectories t
+    JOIN rewards r ON r.trajectory_id = t.id AND r.name = %(webhook_name)s AND r.status = 'linked'
+                  AND r.superseded_at IS NULL
+    WHERE t.policy = %(policy)s AND t.merged_into IS NULL AND t.task_family = ANY(%(families)s)
+      AND (t.client_trajectory_id IS NULL OR NOT starts_with(t.client_trajectory_id, %(judge_prefix)s))
+      AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
+) recent WHERE n <= %(size)s
+"""
+
+
+def _family_rewards(
+    cursor: psycopg.Cursor[Any], selection: Selection, plan: RewardPlan, policy: PolicySettings
+) -> dict[str, list[tuple[str, float]]]:
+    """Each candidate family's recent webhook rewards (see Selection.family_rewards); candidates
+    whose family was computed from their first call (rows older than migration 0014) join theirs."""
+    learning = policy.learning
+    families = sorted({c.member.family for c in selection.candidates.values()})
+    cursor.execute(
+        _FAMILY_REWARDS,
+        {
+            **plan.params(),
+            "policy": policy.name,
+            "families": families,
+            "max_age_s": learning.max_age_s,
+            "size": learning.family_baseline_size,
+        },
+    )
+    out: dict[str, list[tuple[str, float]]] = {}
+    seen: set[str] = set()
+    for row in cursor.fetchall():
+        out.setdefault(tenant_family_key(row["tenant"], row["task_family"]), []).append((row["id"], row["value"]))
+        seen.add(row["id"])
+    for trajectory_id, candidate in selection.candidates.items():
+        if trajectory_id not in seen and candidate.webhook is not None:
+            member = candidate.member
+            out.setdefault(tenant_family_key(member.tenant, member.family), []).append(
+                (trajectory_id, candidate.webhook)
+            )
+    return out
+
+
 def _waiting_member(row: dict[str, Any]) -> Member:
     request = row["request"] or {}
     return Member(
@@ -411,7 +479,7 @@ def select(connection: psycopg.Connection, policy: PolicySettings) -> Selection:
             calls.setdefault(row["trajectory_id"], []).append(row)
         for trajectory in trajectories:
             candidate, reason = build_candidate(
-                trajectory, calls.get(trajectory["id"], []), policy.base_model, selection.versions
+                trajectory, calls.get(trajectory["id"], []), policy.base_model, selection.versions, policy.name
             )
             if candidate is None:
                 selection.skip(reason or "unknown")
@@ -420,6 +488,8 @@ def select(connection: psycopg.Connection, policy: PolicySettings) -> Selection:
             else:
                 selection.candidates[trajectory["id"]] = candidate
         assign_rewards(selection)
+        if plan.pools_families(learning):
+            selection.family_rewards = _family_rewards(cursor, selection, plan, policy)
         if plan.wait_s > 0:
             cursor.execute(_WAITING, params)
             selection.waiting.extend(_waiting_member(row) for row in cursor.fetchall())
@@ -428,27 +498,55 @@ def select(connection: psycopg.Connection, policy: PolicySettings) -> Selection:
 
 # Tenant-scoped like grouping.group_key; the task is approximated by a hash of the first call's
 # messages and tools (grouping's task_key normalizes them first), which is close enough to decide
-# whether a run is worth starting.
+# whether a run is worth starting. What is counted is groups of single answers (see
+# count_new_groups): a group of runs of k calls counts k, and groups too small to compare within
+# count, pooled by family, one per min_group_size answers.
 _NEW_GROUPS = f"""
-SELECT count(DISTINCT (t.tenant, coalesce('g:' || t.group_id,
-                                          't:' || md5(coalesce(fc.request->'messages', 'null'::jsonb)::text
-                                                      || coalesce(fc.request->'tools', 'null'::jsonb)::text))))
-FROM trajectories t
-LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
-                   AND c.created_at BETWEEN t.first_call_at - interval '1 day'
-                                        AND t.last_call_at + interval '1 day'  -- prunes partitions
-                   ORDER BY c.created_at, c.id LIMIT 1) fc ON true
-WHERE {_UNTRAINED}
-  AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
-  AND EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id AND r.name = ANY(%(names)s)
-              AND r.status = 'linked' AND r.superseded_at IS NULL)
+WITH rewarded AS (
+    SELECT t.tenant, t.task_family, greatest(t.call_count, 1) AS answers,
+           coalesce('g:' || t.group_id, 't:' || md5(coalesce(fc.request->'messages', 'null'::jsonb)::text
+                                                    || coalesce(fc.request->'tools', 'null'::jsonb)::text)) AS grp
+    FROM trajectories t
+    LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
+                       AND c.created_at BETWEEN t.first_call_at - interval '1 day'
+                                            AND t.last_call_at + interval '1 day'  -- prunes partitions
+                       ORDER BY c.created_at, c.id LIMIT 1) fc ON true
+    WHERE {_UNTRAINED}
+      AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
+      AND EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id AND r.name = ANY(%(names)s)
+                  AND r.status = 'linked' AND r.superseded_at IS NULL)
+), groups AS (
+    SELECT tenant, grp, min(task_family) AS family, count(*) AS members, sum(answers) AS answers
+    FROM rewarded GROUP BY tenant, grp
+), pools AS (
+    SELECT sum(answers) AS answers FROM groups
+    WHERE %(pool)s AND members < %(min_group_size)s GROUP BY tenant, family
+)
+SELECT coalesce((SELECT sum(greatest(round(answers::numeric / members), 1)) FROM groups
+                 WHERE NOT %(pool)s OR members >= %(min_group_size)s), 0)
+     + coalesce((SELECT sum(floor(answers::numeric / %(min_group_size)s)) FROM pools), 0)
 """
 
 
 def count_new_groups(connection: psycopg.Connection, policy: PolicySettings) -> int:
     """About how many groups of rewarded (by a reward the policy trains on), untrained trajectories
-    wait (cheap; for the trigger)."""
-    params = {**RewardPlan.of(policy).params(), "policy": policy.name, "max_age_s": policy.learning.max_age_s}
+    wait, counted in groups of single answers (cheap; for the trigger `min_new_groups`).
+
+    A run of k calls trains k answers (every assistant turn), so a group of such runs counts as
+    k groups (its mean calls per run, rounded): the same answers trigger as many runs whatever
+    their shape. Groups with fewer rewarded members than `min_group_size` train against their
+    family when the policy pools families (RewardPlan.pools_families): per tenant and family,
+    their answers count one group per `min_group_size` of them; otherwise each counts as a group.
+    """
+    plan = RewardPlan.of(policy)
+    learning = policy.learning
+    params = {
+        **plan.params(),
+        "policy": policy.name,
+        "max_age_s": learning.max_age_s,
+        "min_group_size": learning.min_group_size,
+        "pool": plan.pools_families(learning),
+    }
     with connection.transaction(), connection.cursor() as cursor:
         _without_jit(cursor)
         cursor.execute(_NEW_GROUPS, params)

@@ -66,7 +66,14 @@ def test_equal_rewards_greedy_and_too_small_groups_are_set_aside_and_counted():
         member("s1", 1, task="small"),
     ]
     grouping = make_groups(members, min_group_size=2, now=100.0)
-    assert grouping.counts() == {"usable": 1, "equal_rewards": 1, "greedy": 2, "too_small": 1, "waiting": 0}
+    assert grouping.counts() == {
+        "usable": 1,
+        "pooled": 0,
+        "equal_rewards": 1,
+        "greedy": 2,
+        "too_small": 1,
+        "waiting": 0,
+    }
     assert [m.trajectory_id for m in grouping.usable[0].members] == ["u1", "u2", "u3"]
     set_aside = {m.trajectory_id for g in grouping.set_aside() for m in g.members}
     assert set_aside == {"e1", "e2", "e3", "g1", "g2", "i1", "i2"}, "too-small groups stay for a later run"

@@ -362,9 +362,11 @@ def test_count_new_groups_counts_groups_rewarded_by_a_name_in_use(db, database_u
     superseded = add_trajectory(db, "F", [5, 2])
     add_reward(db, superseded, 1.0, superseded=True)
     add_reward(db, superseded, 0.3, "judge", superseded=True)
-    assert new_groups(database_url, policy("webhook")) == 3  # A, A (other), C
-    assert new_groups(database_url, policy("judge")) == 2  # B, C
-    assert new_groups(database_url, policy()) == 4  # A, A (other), B, C
+    # A (other) has one rewarded member: under min_group_size (2) it trains against its family,
+    # where it counts one group per 2 answers: alone, none yet.
+    assert new_groups(database_url, policy("webhook")) == 2  # A, C
+    assert new_groups(database_url, policy("judge")) == 2  # B, C (the judge's scores are never pooled)
+    assert new_groups(database_url, policy()) == 3  # A, B, C
 
 
 # ------------------------------------------------------------------ the run's record

@@ -206,6 +206,7 @@ class CallContext:
             "trajectory_id": str(self.assignment.trajectory_id),
             "client_trajectory_id": self.assignment.client_trajectory_id,
             "group_id": self.request.group_id,
+            "task_family": self.request.family(self.plan.policy.name) if self.plan.policy else None,
             "tenant": self.key.tenant,
             "api_key_id": str(self.key.id) if self.key.id else None,
             "model": self.request.model,
@@ -261,7 +262,9 @@ class ChatCompletionsEndpoint:
         try:
             key = await self.state.authenticate(scope)
             raw = await read_body(receive, scope, self.limit)
-            request = parse_chat_request(raw, header(scope, b"x-trajectory-id"), header(scope, b"x-group-id"))
+            request = parse_chat_request(
+                raw, header(scope, b"x-trajectory-id"), header(scope, b"x-group-id"), header(scope, b"x-task-family")
+            )
             plan = self.plan(request.model)
         except GatewayError as error:
             metrics.REQUESTS.labels(ENDPOINT, metrics.status_class(error.status)).inc()

@@ -54,8 +54,9 @@ class ChatCompletionRequest(_Open):
     )
     metadata: dict[str, Any] | None = Field(
         None,
-        description="`metadata.trajectory_id` and `metadata.group_id` name the run and its task group like the "
-        "`X-Trajectory-Id` and `X-Group-Id` headers; the gateway removes them before forwarding.",
+        description="`metadata.trajectory_id`, `metadata.group_id` and `metadata.task_family` name the run, its "
+        "task group and its task family like the `X-Trajectory-Id`, `X-Group-Id` and `X-Task-Family` headers; the "
+        "gateway removes them before forwarding.",
     )
     temperature: float | None = Field(None, description="A policy's own `temperature` overrides it.")
     max_tokens: int | None = None

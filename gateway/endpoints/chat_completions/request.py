@@ -11,11 +11,13 @@ from typing import Any
 
 import orjson
 
+from apprentice import grouping
 from gateway.http.errors import GatewayError
 
 # Keys of `metadata` that belong to Apprentice and are removed before forwarding.
 METADATA_TRAJECTORY = "trajectory_id"
 METADATA_GROUP = "group_id"
+METADATA_FAMILY = grouping.METADATA_FAMILY
 
 
 @dataclass(slots=True)
@@ -27,13 +29,21 @@ class ChatRequest:
     stream: bool
     client_trajectory_id: str | None
     group_id: str | None
+    # The task family the client named (X-Task-Family or metadata.task_family); None: derived.
+    task_family: str | None = None
 
     @property
     def messages(self) -> list[Any]:
         return self.body["messages"]
 
     @classmethod
-    def translated(cls, body: dict[str, Any], client_trajectory_id: str | None, group_id: str | None) -> ChatRequest:
+    def translated(
+        cls,
+        body: dict[str, Any],
+        client_trajectory_id: str | None,
+        group_id: str | None,
+        task_family: str | None = None,
+    ) -> ChatRequest:
         """A chat request built by the gateway from another protocol's request."""
         return cls(
             body=body,
@@ -43,7 +53,12 @@ class ChatRequest:
             stream=bool(body.get("stream")),
             client_trajectory_id=client_trajectory_id,
             group_id=group_id,
+            task_family=_optional_name(task_family, grouping.FAMILY_HEADER),
         )
+
+    def family(self, policy: str | None) -> str:
+        """The run's task family (apprentice.grouping.task_family: the one definition)."""
+        return grouping.task_family(policy, self.messages, self.body.get("tools"), self.task_family)
 
     def forward_bytes(self, overrides: dict[str, Any]) -> bytes:
         """The body for an upstream: the client's own bytes unless something must change."""
@@ -90,7 +105,9 @@ def parse_model_request(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_chat_request(raw: bytes, header_trajectory: str | None, header_group: str | None) -> ChatRequest:
+def parse_chat_request(
+    raw: bytes, header_trajectory: str | None, header_group: str | None, header_family: str | None = None
+) -> ChatRequest:
     body = parse_model_request(raw)
     model = body["model"]
     messages = body.get("messages")
@@ -116,11 +133,14 @@ def parse_chat_request(raw: bytes, header_trajectory: str | None, header_group: 
     modified = False
     trajectory = _optional_name(header_trajectory, "X-Trajectory-Id")
     group = _optional_name(header_group, "X-Group-Id")
+    family = _optional_name(header_family, grouping.FAMILY_HEADER)
     metadata = body.get("metadata")
-    if isinstance(metadata, dict) and (METADATA_TRAJECTORY in metadata or METADATA_GROUP in metadata):
+    ours = (METADATA_TRAJECTORY, METADATA_GROUP, METADATA_FAMILY)
+    if isinstance(metadata, dict) and any(name in metadata for name in ours):
         metadata = dict(metadata)
         trajectory = trajectory or _optional_name(metadata.pop(METADATA_TRAJECTORY, None), "metadata.trajectory_id")
         group = group or _optional_name(metadata.pop(METADATA_GROUP, None), "metadata.group_id")
+        family = family or _optional_name(metadata.pop(METADATA_FAMILY, None), "metadata.task_family")
         body = dict(body)
         if metadata:
             body["metadata"] = metadata
@@ -135,4 +155,5 @@ def parse_chat_request(raw: bytes, header_trajectory: str | None, header_group: 
         stream=bool(stream),
         client_trajectory_id=trajectory,
         group_id=group,
+        task_family=family,
     )

@@ -177,7 +177,7 @@ class MessagesEndpoint:
                 return
             chat_body = to_chat_request(body)
             chat_body["model"] = body["model"]
-            request = ChatRequest.translated(chat_body, trajectory, group)
+            request = ChatRequest.translated(chat_body, trajectory, group, header(scope, b"x-task-family"))
             wire = MessagesWire(body, message_id=f"msg_{uuid7().hex}")
         except (GatewayError, MessagesError) as error:
             metrics.REQUESTS.labels(PROTOCOL, metrics.status_class(error.status)).inc()

@@ -106,7 +106,9 @@ class ResponsesEndpoint:
                     created_at=created_at,
                 )
                 return
-            request, wire = await self._translate(key, body, created_at, trajectory, group)
+            request, wire = await self._translate(
+                key, body, created_at, trajectory, group, header(scope, b"x-task-family")
+            )
         except GatewayError as error:
             metrics.REQUESTS.labels(PROTOCOL, metrics.status_class(error.status)).inc()
             await send_error(send, error)
@@ -116,7 +118,13 @@ class ResponsesEndpoint:
         await self.chat.serve(key, request, plan, send, started=started, created_at=created_at, wire=wire)
 
     async def _translate(
-        self, key: KeyInfo, body: dict[str, Any], created_at: float, trajectory: str | None, group: str | None
+        self,
+        key: KeyInfo,
+        body: dict[str, Any],
+        created_at: float,
+        trajectory: str | None,
+        group: str | None,
+        family: str | None = None,
     ) -> tuple[ChatRequest, ResponsesWire]:
         previous = None
         previous_id = body.get("previous_response_id")
@@ -145,4 +153,4 @@ class ResponsesEndpoint:
         # taken as it is), unless the client names its run itself.
         if trajectory is None and previous is not None:
             trajectory = str(previous.trajectory_id)
-        return ChatRequest.translated(chat_body, trajectory, group), wire
+        return ChatRequest.translated(chat_body, trajectory, group, family), wire
