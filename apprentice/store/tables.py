@@ -493,6 +493,7 @@ eval_results = Table(
     Column("score", Double),
     Column("answer", Text),
     Column("detail", Text),  # why: the judge's explanation, the match, or the scoring error
+)
 
 # 0014: reward functions (settings: policies[].reward_functions; gateway/scoring): one row per
 # trajectory and function name, claimed 'running' with a lease, ending 'scored' (the score is a
