@@ -46,10 +46,15 @@ CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
 MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
 COUNT_TOKENS_PATHS = frozenset({"/v1/messages/count_tokens", "/messages/count_tokens"})
-# The same operations without /v1 answer POST only: other methods get 405 naming it (under /v1
-# they go to the upstream, as any /v1 request FastAPI does not route).
-POST_ONLY_WITHOUT_V1 = frozenset(
-    path for path in CHAT_PATHS | RESPONSES_PATHS | MESSAGES_PATHS | COUNT_TOKENS_PATHS if not path.startswith("/v1/")
+# Paths that answer POST only: other methods (TRACE, GET, ...) get 405 naming it, as FastAPI's
+# routes answer. Every operation without /v1, and Responses and Messages under /v1 too: neither
+# protocol has another method on these paths, and forwarding one would answer the upstream's 404.
+# GET /v1/chat/completions alone still goes to the upstream (OpenAI lists stored completions there),
+# as any /v1 request FastAPI does not route.
+POST_ONLY = frozenset(
+    path
+    for path in CHAT_PATHS | RESPONSES_PATHS | MESSAGES_PATHS | COUNT_TOKENS_PATHS
+    if not path.startswith("/v1/") or path not in CHAT_PATHS
 )
 
 
@@ -164,7 +169,7 @@ class GatewayApp:
             if path == rewards_handler.PATH and scope["method"] == "POST":
                 await self.rewards(scope, receive, send)
                 return
-            if path in POST_ONLY_WITHOUT_V1:
+            if path in POST_ONLY:
                 await send_error(send, GatewayError(405, "Method Not Allowed"), [(b"allow", b"POST")])
                 return
             if path.startswith("/v1/") and not self._fastapi_handles(scope):
