@@ -670,6 +670,11 @@ class JournalSettings(BaseModel):
     fsync: bool = False
 
 
+MAX_REQUESTS_PER_MINUTE = 1_000_000_000
+MAX_TOKENS_PER_MINUTE = 1_000_000_000_000
+MAX_BUDGET_USD = 1_000_000_000.0
+
+
 class RateLimits(BaseModel):
     """One scope's limits (a key or a tenant); None: no limit of that kind (docs/limits.md).
 
@@ -678,15 +683,18 @@ class RateLimits(BaseModel):
     `limits.key`, and an explicit null there lifts that limit for the key.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    requests_per_minute: int | None = Field(default=None, ge=1)
+    # Each has an upper bound: a key's limits are stored as JSON and read back by every gateway,
+    # so a number no reader can hold (past 64 bits) must never be stored. The bounds are far
+    # above any real limit; the OpenAPI document states them (maximum).
+    requests_per_minute: int | None = Field(default=None, ge=1, le=MAX_REQUESTS_PER_MINUTE)
     # Prompt and completion tokens; a call reserves body bytes / 4 before it, the upstream's
     # usage replaces the estimate after it.
-    tokens_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1, le=MAX_TOKENS_PER_MINUTE)
     # US dollars per `LimitSettings.budget_window_s`, from the upstream's prices (`model_info`'s
     # input_cost_per_token / output_cost_per_token, else litellm's local cost map).
-    budget_usd: float | None = Field(default=None, gt=0)
+    budget_usd: float | None = Field(default=None, gt=0, le=MAX_BUDGET_USD)
 
     @property
     def any(self) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
@@ -37,6 +37,7 @@ from gateway.endpoints.rewards import routes as rewards_routes
 from gateway.endpoints.trajectories import routes as trajectories_routes
 from gateway.http.asgi import Receive, Scope, Send, limited_receive, send_error
 from gateway.http.errors import ERROR_TYPES, GatewayError, error_body
+from gateway.http.query_text import refuse_nul_in_request
 from gateway.state import GatewayState
 from gateway.ui import routes as ui_routes
 
@@ -78,6 +79,8 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
         version=__version__,
         lifespan=lifespan,
         description="OpenAI-compatible gateway that records trajectories and learns from rewards.",
+        # Every route's text that could reach a query is checked once, here (gateway/http/query_text.py).
+        dependencies=[Depends(refuse_nul_in_request)],
     )
     app.state.gateway = state
     app.include_router(operations.router)

@@ -64,6 +64,7 @@ from gateway.endpoints.responses.protocol import (
     ResponseStreamEvent,
 )
 from gateway.http.documented import ANTHROPIC_KEY, ERROR_DESCRIPTIONS, GATEWAY_KEY
+from gateway.http.query_text import NUL_FREE
 
 REF = "#/components/schemas/"
 WITHOUT_V1 = "without /v1"
@@ -390,6 +391,7 @@ def document(app: FastAPI) -> dict[str, Any]:
         separate_input_output_schemas=app.separate_input_output_schemas,
     )
     _complete(spec)
+    _nul_free(spec, declared)
     return spec
 
 
@@ -428,6 +430,73 @@ def _complete(spec: dict[str, Any]) -> None:
         others = {other: schema for other, schema in schemas.items() if other != name}
         if f'"{REF}{name}"' not in json.dumps([paths, others]):
             schemas.pop(name, None)
+
+
+def _nul_free(spec: dict[str, Any], declared: set[tuple[str, str]]) -> None:
+    """The app's routes refuse NUL in every parameter and request field (gateway/http/query_text.py):
+    their strings say so with `NUL_FREE` where they have no pattern of their own. The operations
+    declared here (chat, responses, messages) take NUL in what they forward and keep no such rule."""
+    schemas: dict[str, Any] = spec.get("components", {}).get("schemas", {})
+    operations = [
+        (path, method, operation) for path, item in spec["paths"].items() for method, operation in item.items()
+    ]
+    declared_refs = {
+        ref
+        for path, method, operation in operations
+        if (path, method) in declared
+        for ref in _reachable_refs(operation, schemas)
+    }
+    body_refs: set[str] = set()
+    for path, method, operation in operations:
+        if (path, method) in declared:
+            continue
+        for parameter in operation.get("parameters", []):
+            if parameter.get("in") in ("path", "query", "header"):
+                _strings_nul_free(parameter.get("schema", {}))
+        for content in operation.get("requestBody", {}).get("content", {}).values():
+            schema = content.get("schema", {})
+            _strings_nul_free(schema)
+            body_refs |= _reachable_refs(schema, schemas)
+    shared = body_refs & declared_refs
+    if shared:
+        raise ValueError(f"request schemas shared with the forwarded protocols, which take NUL: {sorted(shared)}")
+    for ref in body_refs:
+        _strings_nul_free(schemas[ref[len(REF) :]])
+
+
+def _strings_nul_free(schema: Any) -> None:
+    """`NUL_FREE` on every plain string of a schema (those without a pattern, format, enum or
+    const), nested ones included; references are left to the caller."""
+    if isinstance(schema, list):
+        for item in schema:
+            _strings_nul_free(item)
+        return
+    if not isinstance(schema, dict):
+        return
+    if schema.get("type") == "string" and not {"pattern", "format", "enum", "const"} & set(schema):
+        schema["pattern"] = NUL_FREE
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        _strings_nul_free(schema.get(key))
+    for key in ("items", "additionalProperties", "not"):
+        _strings_nul_free(schema.get(key))
+    for value in (schema.get("properties") or {}).values():
+        _strings_nul_free(value)
+
+
+def _reachable_refs(value: Any, schemas: dict[str, Any], found: set[str] | None = None) -> set[str]:
+    """Every component reference reachable from a part of the document, through other components."""
+    found = set() if found is None else found
+    if isinstance(value, list):
+        for item in value:
+            _reachable_refs(item, schemas, found)
+    elif isinstance(value, dict):
+        ref = value.get("$ref")
+        if isinstance(ref, str) and ref.startswith(REF) and ref not in found:
+            found.add(ref)
+            _reachable_refs(schemas.get(ref[len(REF) :]), schemas, found)
+        for item in value.values():
+            _reachable_refs(item, schemas, found)
+    return found
 
 
 def _component(spec: dict[str, Any], model: type[BaseModel]) -> dict[str, str]:
