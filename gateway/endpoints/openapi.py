@@ -359,6 +359,105 @@ ANSWERS: dict[tuple[str, str], tuple[type[BaseModel], tuple[int, ...]]] = {
 }
 
 
+# OpenAPI links: where an answer names a resource that other operations take. A client (and a
+# stateful fuzzer, tests/test_schemathesis.py) follows them to reach those operations with real
+# ids. Each row: the answering operation and status, the link's name, the operation it leads to,
+# and its parameters (`path.<name>`) or request body, as runtime expressions.
+LINKS: list[tuple[tuple[str, str, str], str, tuple[str, str], dict[str, Any]]] = [
+    *[
+        (
+            ("/v1/admin/policies", "get", "200"),
+            name,
+            (path, method),
+            {"parameters": {"policy": "$response.body#/data/0/name"}},
+        )
+        for name, (path, method) in {
+            "Policy": ("/v1/admin/policies/{policy}", "get"),
+            "Versions": ("/v1/admin/policies/{policy}/versions", "get"),
+            "Rollback": ("/v1/admin/policies/{policy}/rollback", "post"),
+            "Pause": ("/v1/admin/policies/{policy}/pause", "post"),
+            "Resume": ("/v1/admin/policies/{policy}/resume", "post"),
+            "JudgeAgreement": ("/v1/admin/policies/{policy}/judge/agreement", "get"),
+            "Judge": ("/v1/admin/policies/{policy}/judge", "get"),
+            "Teacher": ("/v1/admin/policies/{policy}/teacher", "get"),
+        }.items()
+    ],
+    *[
+        (
+            ("/v1/admin/policies/{policy}/versions", "get", "200"),
+            name,
+            (path, "post" if name != "Version" else "get"),
+            {"parameters": {"version": "$response.body#/data/0/id"}},
+        )
+        for name, path in {
+            "Version": "/v1/admin/versions/{version}",
+            "Approve": "/v1/admin/versions/{version}/approve",
+            "Reject": "/v1/admin/versions/{version}/reject",
+            "Promote": "/v1/admin/versions/{version}/promote",
+        }.items()
+    ],
+    (
+        ("/v1/admin/policies/{policy}/versions", "get", "200"),
+        "RollbackTo",
+        ("/v1/admin/policies/{policy}/rollback", "post"),
+        {"parameters": {"policy": "$request.path.policy"}, "requestBody": {"version_id": "$response.body#/data/0/id"}},
+    ),
+    *[
+        ((source, "post", "200"), name, (path, method), {"parameters": {"trajectory_id": header}})
+        for source in ("/v1/chat/completions", "/chat/completions", "/v1/messages", "/messages")
+        for header in ("$response.header.X-Apprentice-Trajectory-Id",)
+        for name, (path, method) in {
+            "Trajectory": ("/v1/trajectories/{trajectory_id}", "get"),
+            "DeleteTrajectory": ("/v1/trajectories/{trajectory_id}", "delete"),
+        }.items()
+    ],
+    *[
+        (
+            ("/v1/trajectories", "get", "200"),
+            name,
+            (path, method),
+            {"parameters": {"trajectory_id": "$response.body#/data/0/id"}},
+        )
+        for name, (path, method) in {
+            "Trajectory": ("/v1/trajectories/{trajectory_id}", "get"),
+            "DeleteTrajectory": ("/v1/trajectories/{trajectory_id}", "delete"),
+        }.items()
+    ],
+    *[
+        ((source, "post", "200"), name, (path, "get"), {"parameters": {"response_id": "$response.body#/id"}})
+        for source in ("/v1/responses", "/responses")
+        for name, path in {
+            "Response": "/v1/responses/{response_id}",
+            "InputItems": "/v1/responses/{response_id}/input_items",
+        }.items()
+    ],
+    (
+        ("/v1/rewards", "post", "200"),
+        "Reward",
+        ("/v1/rewards/{reward_id}", "get"),
+        {"parameters": {"reward_id": "$response.body#/id"}},
+    ),
+    *[
+        (("/v1/admin/keys", "post", "201"), name, (path, method), {"parameters": {"key_id": "$response.body#/id"}})
+        for name, (path, method) in {
+            "KeyLimits": ("/v1/admin/keys/{key_id}/limits", "put"),
+            "RevokeKey": ("/v1/admin/keys/{key_id}", "delete"),
+        }.items()
+    ],
+]
+
+
+def _links(spec: dict[str, Any]) -> None:
+    """`LINKS` into the answers of the document, naming their targets by operationId."""
+    paths: dict[str, dict[str, Any]] = spec["paths"]
+    for (path, method, status), name, (target_path, target_method), given in LINKS:
+        answer = paths[path][method]["responses"][status]
+        answer.setdefault("links", {})[name] = {
+            "operationId": paths[target_path][target_method]["operationId"],
+            **given,
+        }
+
+
 # ---- the document ------------------------------------------------------------------------
 
 
@@ -392,6 +491,7 @@ def document(app: FastAPI) -> dict[str, Any]:
     )
     _complete(spec)
     _nul_free(spec, declared)
+    _links(spec)
     return spec
 
 
