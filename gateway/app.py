@@ -52,11 +52,7 @@ COUNT_TOKENS_PATHS = frozenset({"/v1/messages/count_tokens", "/messages/count_to
 # protocol has another method on these paths, and forwarding one would answer the upstream's 404.
 # GET /v1/chat/completions alone still goes to the upstream (OpenAI lists stored completions there),
 # as any /v1 request FastAPI does not route.
-POST_ONLY = frozenset(
-    path
-    for path in CHAT_PATHS | RESPONSES_PATHS | MESSAGES_PATHS | COUNT_TOKENS_PATHS
-    if not path.startswith("/v1/") or path not in CHAT_PATHS
-)
+POST_ONLY = (CHAT_PATHS | RESPONSES_PATHS | MESSAGES_PATHS | COUNT_TOKENS_PATHS) - {"/v1/chat/completions"}
 
 
 def _error_response(error: GatewayError) -> Response:

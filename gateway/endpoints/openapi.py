@@ -26,13 +26,18 @@ document says about them: statuses and error formats, headers, streams. After ge
 - OpenAI's error body on the app's own error statuses that name none (every error of a FastAPI
   route is written in OpenAI's format by the app's exception handlers);
 - the answers of routes that return raw bodies (`GET /v1/models`, `GET /v1/responses/{id}`,
-  its input items), when the route declares none itself.
+  its input items), when the route declares none itself;
+- `NUL_FREE` on the strings of every FastAPI route's parameters and request fields, which the
+  app's one NUL check refuses (gateway/http/query_text.py);
+- OpenAPI links (`LINKS`) from the answers that name a policy, version, trajectory, response,
+  reward or key to the operations that take it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Header, Security
@@ -359,103 +364,102 @@ ANSWERS: dict[tuple[str, str], tuple[type[BaseModel], tuple[int, ...]]] = {
 }
 
 
-# OpenAPI links: where an answer names a resource that other operations take. A client (and a
-# stateful fuzzer, tests/test_schemathesis.py) follows them to reach those operations with real
-# ids. Each row: the answering operation and status, the link's name, the operation it leads to,
-# and its parameters (`path.<name>`) or request body, as runtime expressions.
-LINKS: list[tuple[tuple[str, str, str], str, tuple[str, str], dict[str, Any]]] = [
-    *[
-        (
-            ("/v1/admin/policies", "get", "200"),
-            name,
-            (path, method),
-            {"parameters": {"policy": "$response.body#/data/0/name"}},
-        )
-        for name, (path, method) in {
-            "Policy": ("/v1/admin/policies/{policy}", "get"),
-            "Versions": ("/v1/admin/policies/{policy}/versions", "get"),
-            "Rollback": ("/v1/admin/policies/{policy}/rollback", "post"),
-            "Pause": ("/v1/admin/policies/{policy}/pause", "post"),
-            "Resume": ("/v1/admin/policies/{policy}/resume", "post"),
-            "JudgeAgreement": ("/v1/admin/policies/{policy}/judge/agreement", "get"),
-            "Judge": ("/v1/admin/policies/{policy}/judge", "get"),
-            "Teacher": ("/v1/admin/policies/{policy}/teacher", "get"),
-        }.items()
-    ],
-    *[
-        (
-            ("/v1/admin/policies/{policy}/versions", "get", "200"),
-            name,
-            (path, "post" if name != "Version" else "get"),
-            {"parameters": {"version": "$response.body#/data/0/id"}},
-        )
-        for name, path in {
-            "Version": "/v1/admin/versions/{version}",
-            "Approve": "/v1/admin/versions/{version}/approve",
-            "Reject": "/v1/admin/versions/{version}/reject",
-            "Promote": "/v1/admin/versions/{version}/promote",
-        }.items()
-    ],
-    (
-        ("/v1/admin/policies/{policy}/versions", "get", "200"),
-        "RollbackTo",
-        ("/v1/admin/policies/{policy}/rollback", "post"),
-        {"parameters": {"policy": "$request.path.policy"}, "requestBody": {"version_id": "$response.body#/data/0/id"}},
+@dataclass(frozen=True)
+class ResourceLink:
+    """An OpenAPI link: the answer of `source` (method, path, status) names a resource, which
+    `targets` (link name: method, path) take as the parameter `parameter` (`value`, a runtime
+    expression), or in their body (`body`)."""
+
+    source: tuple[str, str, str]
+    targets: dict[str, tuple[str, str]]
+    parameter: str | None = None
+    value: str = ""
+    body: dict[str, str] | None = None
+
+
+_POLICY_OPERATIONS = {
+    "Policy": ("get", "/v1/admin/policies/{policy}"),
+    "Versions": ("get", "/v1/admin/policies/{policy}/versions"),
+    "Rollback": ("post", "/v1/admin/policies/{policy}/rollback"),
+    "Pause": ("post", "/v1/admin/policies/{policy}/pause"),
+    "Resume": ("post", "/v1/admin/policies/{policy}/resume"),
+    "JudgeAgreement": ("get", "/v1/admin/policies/{policy}/judge/agreement"),
+    "Judge": ("get", "/v1/admin/policies/{policy}/judge"),
+    "Teacher": ("get", "/v1/admin/policies/{policy}/teacher"),
+}
+_VERSION_OPERATIONS = {
+    "Version": ("get", "/v1/admin/versions/{version}"),
+    "Approve": ("post", "/v1/admin/versions/{version}/approve"),
+    "Reject": ("post", "/v1/admin/versions/{version}/reject"),
+    "Promote": ("post", "/v1/admin/versions/{version}/promote"),
+}
+_TRAJECTORY_OPERATIONS = {
+    "Trajectory": ("get", "/v1/trajectories/{trajectory_id}"),
+    "DeleteTrajectory": ("delete", "/v1/trajectories/{trajectory_id}"),
+}
+_RESPONSE_OPERATIONS = {
+    "Response": ("get", "/v1/responses/{response_id}"),
+    "InputItems": ("get", "/v1/responses/{response_id}/input_items"),
+}
+_RECORDED_TRAJECTORY = "$response.header.X-Apprentice-Trajectory-Id"
+
+# Where an answer names a policy, a version, a trajectory, a response, a reward or a key, and the
+# operations that take it: a client (and the stateful fuzzer, tests/test_schemathesis.py) follows
+# them to reach those operations with real ids.
+LINKS: list[ResourceLink] = [
+    ResourceLink(("get", "/v1/admin/policies", "200"), _POLICY_OPERATIONS, "policy", "$response.body#/data/0/name"),
+    ResourceLink(
+        ("get", "/v1/admin/policies/{policy}/versions", "200"),
+        _VERSION_OPERATIONS,
+        "version",
+        "$response.body#/data/0/id",
+    ),
+    ResourceLink(
+        ("get", "/v1/admin/policies/{policy}/versions", "200"),
+        {"RollbackTo": ("post", "/v1/admin/policies/{policy}/rollback")},
+        "policy",
+        "$request.path.policy",
+        body={"version_id": "$response.body#/data/0/id"},
     ),
     *[
-        ((source, "post", "200"), name, (path, method), {"parameters": {"trajectory_id": header}})
-        for source in ("/v1/chat/completions", "/chat/completions", "/v1/messages", "/messages")
-        for header in ("$response.header.X-Apprentice-Trajectory-Id",)
-        for name, (path, method) in {
-            "Trajectory": ("/v1/trajectories/{trajectory_id}", "get"),
-            "DeleteTrajectory": ("/v1/trajectories/{trajectory_id}", "delete"),
-        }.items()
+        ResourceLink(("post", path, "200"), _TRAJECTORY_OPERATIONS, "trajectory_id", _RECORDED_TRAJECTORY)
+        for path in ("/v1/chat/completions", "/chat/completions", "/v1/messages", "/messages")
     ],
-    *[
-        (
-            ("/v1/trajectories", "get", "200"),
-            name,
-            (path, method),
-            {"parameters": {"trajectory_id": "$response.body#/data/0/id"}},
-        )
-        for name, (path, method) in {
-            "Trajectory": ("/v1/trajectories/{trajectory_id}", "get"),
-            "DeleteTrajectory": ("/v1/trajectories/{trajectory_id}", "delete"),
-        }.items()
-    ],
-    *[
-        ((source, "post", "200"), name, (path, "get"), {"parameters": {"response_id": "$response.body#/id"}})
-        for source in ("/v1/responses", "/responses")
-        for name, path in {
-            "Response": "/v1/responses/{response_id}",
-            "InputItems": "/v1/responses/{response_id}/input_items",
-        }.items()
-    ],
-    (
-        ("/v1/rewards", "post", "200"),
-        "Reward",
-        ("/v1/rewards/{reward_id}", "get"),
-        {"parameters": {"reward_id": "$response.body#/id"}},
+    ResourceLink(
+        ("get", "/v1/trajectories", "200"), _TRAJECTORY_OPERATIONS, "trajectory_id", "$response.body#/data/0/id"
     ),
     *[
-        (("/v1/admin/keys", "post", "201"), name, (path, method), {"parameters": {"key_id": "$response.body#/id"}})
-        for name, (path, method) in {
-            "KeyLimits": ("/v1/admin/keys/{key_id}/limits", "put"),
-            "RevokeKey": ("/v1/admin/keys/{key_id}", "delete"),
-        }.items()
+        ResourceLink(("post", path, "200"), _RESPONSE_OPERATIONS, "response_id", "$response.body#/id")
+        for path in ("/v1/responses", "/responses")
     ],
+    ResourceLink(
+        ("post", "/v1/rewards", "200"),
+        {"Reward": ("get", "/v1/rewards/{reward_id}")},
+        "reward_id",
+        "$response.body#/id",
+    ),
+    ResourceLink(
+        ("post", "/v1/admin/keys", "201"),
+        {"KeyLimits": ("put", "/v1/admin/keys/{key_id}/limits"), "RevokeKey": ("delete", "/v1/admin/keys/{key_id}")},
+        "key_id",
+        "$response.body#/id",
+    ),
 ]
 
 
 def _links(spec: dict[str, Any]) -> None:
     """`LINKS` into the answers of the document, naming their targets by operationId."""
     paths: dict[str, dict[str, Any]] = spec["paths"]
-    for (path, method, status), name, (target_path, target_method), given in LINKS:
-        answer = paths[path][method]["responses"][status]
-        answer.setdefault("links", {})[name] = {
-            "operationId": paths[target_path][target_method]["operationId"],
-            **given,
-        }
+    for link in LINKS:
+        method, path, status = link.source
+        links = paths[path][method]["responses"][status].setdefault("links", {})
+        for name, (target_method, target_path) in link.targets.items():
+            declared: dict[str, Any] = {"operationId": paths[target_path][target_method]["operationId"]}
+            if link.parameter is not None:
+                declared["parameters"] = {link.parameter: link.value}
+            if link.body is not None:
+                declared["requestBody"] = link.body
+            links[name] = declared
 
 
 # ---- the document ------------------------------------------------------------------------
