@@ -83,7 +83,7 @@ def test_key_limits_are_bounded_and_a_bad_stored_row_does_not_break_the_listing(
     assert listed.status_code == 200, listed.text
 
     # The bounds are in the document.
-    spec = httpx.get(gateway.url + "/openapi.json").json()
+    spec = httpx.get(gateway.url + "/openapi.json", timeout=60).json()
     limits = spec["components"]["schemas"]["RateLimits"]["properties"]
     maxima = {
         name: next(option["maximum"] for option in schema["anyOf"] if option.get("type") in ("integer", "number"))
@@ -104,6 +104,23 @@ def test_key_limits_are_bounded_and_a_bad_stored_row_does_not_break_the_listing(
     assert all(key["invalid_limits"] is None for key in listed.json()["keys"] if key["id"] != key_id)
     client = openai.OpenAI(base_url=gateway.base_url, api_key=client_key["key"], max_retries=0)
     assert client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}]).choices
+
+    # A recorded body may hold any JSON integer (found by the deep fuzz): its trajectory still reads.
+    raw = client.chat.completions.with_raw_response.create(
+        model="agent", messages=[{"role": "user", "content": "big"}], extra_body={"fuzzed": HUGE}
+    )
+    trajectory = raw.headers["x-apprentice-trajectory-id"]
+    reader = httpx.Client(
+        base_url=gateway.base_url, headers={"Authorization": f"Bearer {client_key['key']}"}, timeout=30
+    )
+
+    def read_back() -> Any:
+        answer = reader.get(f"/trajectories/{trajectory}")
+        return answer if answer.status_code != 404 else None
+
+    answer = wait_for(read_back, message="the trajectory recorded")
+    assert answer.status_code == 200, answer.text
+    assert float(answer.json()["calls"][0]["request"]["fuzzed"]) == pytest.approx(float(HUGE))
 
 
 def test_nul_in_text_that_reaches_a_query_is_a_400_naming_it_and_a_chat_call_still_carries_it(
@@ -146,7 +163,7 @@ def test_nul_in_text_that_reaches_a_query_is_a_400_naming_it_and_a_chat_call_sti
     assert request["messages"][0]["content"] == "nul \ufffd here"
 
     # The document says it: every string parameter and request field of these routes refuses NUL.
-    spec = httpx.get(gateway.url + "/openapi.json").json()
+    spec = httpx.get(gateway.url + "/openapi.json", timeout=60).json()
     parameters = spec["paths"]["/v1/trajectories"]["get"]["parameters"]
     policy = next(parameter for parameter in parameters if parameter["name"] == "policy")
     text = next(option for option in policy["schema"]["anyOf"] if option["type"] == "string")
@@ -166,7 +183,7 @@ def test_other_methods_on_the_post_only_protocol_paths_answer_405_with_allow(gat
 
 
 def test_an_idempotency_key_differing_from_its_header_is_a_documented_400(gateway, client_key):
-    spec = httpx.get(gateway.url + "/openapi.json").json()
+    spec = httpx.get(gateway.url + "/openapi.json", timeout=60).json()
     operation = spec["paths"]["/v1/rewards"]["post"]
     assert "idempotency_key" in operation["responses"]["400"]["description"]
     assert "Idempotency-Key" in operation["responses"]["400"]["description"]
