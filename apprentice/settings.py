@@ -12,6 +12,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -25,6 +26,7 @@ ENV_REFERENCE_PREFIX = "os.environ/"
 # forwarded byte for byte instead of going through litellm (about 4.5 ms of CPU a call).
 OPENAI_COMPATIBLE_PROVIDERS = {"openai", "hosted_vllm", "vllm", "openai_compatible", "apprentice"}
 OPENAI_DEFAULT_API_BASE = "https://api.openai.com/v1"
+OPENAI_API_HOST = "api.openai.com"
 ANTHROPIC_DEFAULT_API_BASE = "https://api.anthropic.com/v1"
 NATIVE_PROTOCOLS_BY_PROVIDER = {"openai": frozenset({"responses"}), "anthropic": frozenset({"messages"})}
 
@@ -114,9 +116,24 @@ class ModelEntry(BaseModel):
 
     @property
     def native_protocols(self) -> frozenset[str]:
+        """The protocols forwarded to this deployment as they are; the others are translated.
+
+        An `openai/` entry with an `api_base` other than OpenAI's is usually a server that speaks
+        chat completions only (an older vLLM, llama.cpp, Ollama, hosted OpenAI-compatible APIs):
+        it is assumed to speak no Responses unless `protocols` says so. `anthropic/` speaks
+        Messages wherever it points: litellm itself talks Messages to that address."""
         if self.protocols is not None:
             return frozenset(self.protocols)
-        return NATIVE_PROTOCOLS_BY_PROVIDER.get(self.litellm_params.provider, frozenset())
+        provider = self.litellm_params.provider
+        if provider == "openai" and not self.is_openai_itself:
+            return frozenset()
+        return NATIVE_PROTOCOLS_BY_PROVIDER.get(provider, frozenset())
+
+    @property
+    def is_openai_itself(self) -> bool:
+        """No `api_base` (litellm's default is OpenAI's API), or OpenAI's own."""
+        base = self.litellm_params.api_base
+        return base is None or urlsplit(base).hostname == OPENAI_API_HOST
 
 
 class AdapterStoreS3Settings(BaseModel):
@@ -799,6 +816,11 @@ class JournalSettings(BaseModel):
     fsync: bool = False
 
 
+MAX_REQUESTS_PER_MINUTE = 1_000_000_000
+MAX_TOKENS_PER_MINUTE = 1_000_000_000_000
+MAX_BUDGET_USD = 1_000_000_000.0
+
+
 class RateLimits(BaseModel):
     """One scope's limits (a key or a tenant); None: no limit of that kind (docs/limits.md).
 
@@ -807,15 +829,18 @@ class RateLimits(BaseModel):
     `limits.key`, and an explicit null there lifts that limit for the key.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    requests_per_minute: int | None = Field(default=None, ge=1)
+    # Each has an upper bound: a key's limits are stored as JSON and read back by every gateway,
+    # so a number no reader can hold (past 64 bits) must never be stored. The bounds are far
+    # above any real limit; the OpenAPI document states them (maximum).
+    requests_per_minute: int | None = Field(default=None, ge=1, le=MAX_REQUESTS_PER_MINUTE)
     # Prompt and completion tokens; a call reserves body bytes / 4 before it, the upstream's
     # usage replaces the estimate after it.
-    tokens_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1, le=MAX_TOKENS_PER_MINUTE)
     # US dollars per `LimitSettings.budget_window_s`, from the upstream's prices (`model_info`'s
     # input_cost_per_token / output_cost_per_token, else litellm's local cost map).
-    budget_usd: float | None = Field(default=None, gt=0)
+    budget_usd: float | None = Field(default=None, gt=0, le=MAX_BUDGET_USD)
 
     @property
     def any(self) -> bool:

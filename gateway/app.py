@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
@@ -39,6 +39,7 @@ from gateway.endpoints.rewards import routes as rewards_routes
 from gateway.endpoints.trajectories import routes as trajectories_routes
 from gateway.http.asgi import Receive, Scope, Send, limited_receive, send_error
 from gateway.http.errors import ERROR_TYPES, GatewayError, error_body
+from gateway.http.query_text import refuse_nul_in_request
 from gateway.state import GatewayState
 from gateway.ui import routes as ui_routes
 
@@ -48,11 +49,12 @@ CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
 MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
 COUNT_TOKENS_PATHS = frozenset({"/v1/messages/count_tokens", "/messages/count_tokens"})
-# The same operations without /v1 answer POST only: other methods get 405 naming it (under /v1
-# they go to the upstream, as any /v1 request FastAPI does not route).
-POST_ONLY_WITHOUT_V1 = frozenset(
-    path for path in CHAT_PATHS | RESPONSES_PATHS | MESSAGES_PATHS | COUNT_TOKENS_PATHS if not path.startswith("/v1/")
-)
+# Paths that answer POST only: other methods (TRACE, GET, ...) get 405 naming it, as FastAPI's
+# routes answer. Every operation without /v1, and Responses and Messages under /v1 too: neither
+# protocol has another method on these paths, and forwarding one would answer the upstream's 404.
+# GET /v1/chat/completions alone still goes to the upstream (OpenAI lists stored completions there),
+# as any /v1 request FastAPI does not route.
+POST_ONLY = (CHAT_PATHS | RESPONSES_PATHS | MESSAGES_PATHS | COUNT_TOKENS_PATHS) - {"/v1/chat/completions"}
 
 
 def _error_response(error: GatewayError) -> Response:
@@ -75,6 +77,8 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
         version=__version__,
         lifespan=lifespan,
         description="OpenAI-compatible gateway that records trajectories and learns from rewards.",
+        # Every route's text that could reach a query is checked once, here (gateway/http/query_text.py).
+        dependencies=[Depends(refuse_nul_in_request)],
     )
     app.state.gateway = state
     app.include_router(operations.router)
@@ -168,7 +172,7 @@ class GatewayApp:
             if path == rewards_handler.PATH and scope["method"] == "POST":
                 await self.rewards(scope, receive, send)
                 return
-            if path in POST_ONLY_WITHOUT_V1:
+            if path in POST_ONLY:
                 await send_error(send, GatewayError(405, "Method Not Allowed"), [(b"allow", b"POST")])
                 return
             if path.startswith("/v1/") and not self._fastapi_handles(scope):

@@ -68,10 +68,17 @@ def journal_text(data_dir: Path) -> str:
 
 
 @pytest.fixture
-def gateway(start_gateway, tmp_path):
+def gateway(start_gateway, tmp_path, fake_upstream):
+    # The fake upstream serves /v1/responses too: said so, its Responses calls are forwarded natively.
+    fake_model = {
+        "model_name": "fake-model",
+        "litellm_params": {"model": "openai/fake-model", "api_base": fake_upstream.api_base},
+        "protocols": ["responses"],
+    }
     return start_gateway(
         data_dir=tmp_path / "data",
         redaction={"rules": [{"name": "ticket", "pattern": r"TICKET-(\d{4,})"}]},
+        model_list=[fake_model],
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -23,9 +24,21 @@ def _policy(api_base: str) -> dict[str, Any]:
     return {"name": "agent", "base_model": "fake-model", "endpoints": [api_base], "record_tokens": False}
 
 
+def _deployment(name: str, api_base: str, **entry: Any) -> dict[str, Any]:
+    return {"model_name": name, "litellm_params": {"model": "openai/fake-model", "api_base": api_base}, **entry}
+
+
 @pytest.fixture
 def gateway(start_gateway, fake_upstream):
-    return start_gateway(policies=[_policy(fake_upstream.api_base)])
+    model_list = [
+        # The fake upstream serves /v1/responses: said explicitly, as for a vLLM that does.
+        _deployment("fake-model", fake_upstream.api_base, protocols=["responses"]),
+        # The same upstream as a server that speaks chat completions only, said nothing about.
+        _deployment("chat-only", fake_upstream.chat_only_api_base),
+        # One whose entry claims Responses wrongly: its calls are forwarded and refused.
+        _deployment("chat-only-claimed", fake_upstream.chat_only_api_base, protocols=["responses"]),
+    ]
+    return start_gateway(policies=[_policy(fake_upstream.api_base)], model_list=model_list)
 
 
 @pytest.fixture
@@ -75,6 +88,31 @@ def test_forwarded_natively_streamed_and_not_and_chained(client, db):
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(model="fake-model", input="x", previous_response_id="resp_unknown")
     assert refused.value.code == "previous_response_not_found"
+
+
+# ---- an openai/ deployment on a server that speaks chat completions only ----------------------
+def test_an_openai_deployment_elsewhere_than_openai_is_translated_and_a_refused_native_call_is_not_resent(
+    client, fake_upstream, db
+):
+    upstream = httpx.Client(base_url=fake_upstream.api_base.removesuffix("/v1"))
+    upstream.delete("/_requests")
+    response = client.responses.create(model="chat-only", instructions="Be brief.", input="Where is my parcel?")
+    assert response.status == "completed" and response.output_text.startswith("Where is my parcel?")
+    recorded = _call(db, response.id)
+    assert recorded["protocol"] == "responses" and recorded["native_request"]["instructions"] == "Be brief."
+    assert recorded["request"]["messages"][-1] == {"role": "user", "content": "Where is my parcel?"}
+
+    events = list(client.responses.create(model="chat-only", input="Stream it.", stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert text == events[-1].response.output_text and text.startswith("Stream it.")
+    assert len(upstream.get("/_requests").json()["requests"]) == 2  # each call reached chat completions once
+
+    # An entry that says it speaks Responses is believed: forwarded, refused, never resent translated.
+    upstream.delete("/_requests")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="chat-only-claimed", input="x")
+    assert upstream.get("/_requests").json()["requests"] == []
 
 
 # ---- a policy: translated to chat completions and back ---------------------------------------

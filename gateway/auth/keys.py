@@ -69,12 +69,22 @@ def parse_limits(value: Any) -> dict[str, Any]:
     return checked.model_dump(include=set(value))
 
 
-def _stored_limits(value: Any, name: str) -> dict[str, Any]:
+def read_limits(value: Any) -> tuple[dict[str, Any], str | None]:
+    """A stored row's limits as the gateways apply them, and why they are ignored (None: valid).
+
+    Reading a row never fails on its content: limits written by hand in SQL (an unknown field, a
+    number out of range) leave the key on the defaults, and a listing reports the reason."""
     try:
-        return parse_limits(value)
-    except ValueError as exc:  # written by hand in SQL: the key keeps working on the defaults
-        log.warning("api key %s: ignoring invalid limits: %s", name, exc)
-        return {}
+        return parse_limits(value), None
+    except ValueError as exc:
+        return {}, str(exc)
+
+
+def _stored_limits(value: Any, name: str) -> dict[str, Any]:
+    limits, invalid = read_limits(value)
+    if invalid is not None:  # the key keeps working on the defaults
+        log.warning("api key %s: ignoring invalid limits: %s", name, invalid)
+    return limits
 
 
 def hash_key(key: str) -> bytes:
@@ -147,6 +157,7 @@ async def revoke_key(engine: AsyncEngine, key_id_or_prefix: str) -> int:
 
 
 async def list_keys(engine: AsyncEngine) -> list[dict[str, object]]:
+    """Every key, its limits as applied (`read_limits`) and `invalid_limits`: why stored ones are not."""
     async with engine.connect() as connection:
         rows = await connection.execute(
             select(
@@ -161,7 +172,11 @@ async def list_keys(engine: AsyncEngine) -> list[dict[str, object]]:
                 api_keys.c.training_opt_out,
             ).order_by(api_keys.c.created_at)
         )
-        return [dict(row._mapping) for row in rows]
+        listed: list[dict[str, object]] = []
+        for row in rows:
+            limits, invalid = read_limits(row.limits)
+            listed.append({**row._mapping, "limits": limits, "invalid_limits": invalid})
+        return listed
 
 
 class KeyCache:

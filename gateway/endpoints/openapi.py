@@ -26,13 +26,18 @@ document says about them: statuses and error formats, headers, streams. After ge
 - OpenAI's error body on the app's own error statuses that name none (every error of a FastAPI
   route is written in OpenAI's format by the app's exception handlers);
 - the answers of routes that return raw bodies (`GET /v1/models`, `GET /v1/responses/{id}`,
-  its input items), when the route declares none itself.
+  its input items), when the route declares none itself;
+- `NUL_FREE` on the strings of every FastAPI route's parameters and request fields, which the
+  app's one NUL check refuses (gateway/http/query_text.py);
+- OpenAPI links (`LINKS`) from the answers that name a policy, version, trajectory, response,
+  reward or key to the operations that take it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Header, Security
@@ -64,6 +69,7 @@ from gateway.endpoints.responses.protocol import (
     ResponseStreamEvent,
 )
 from gateway.http.documented import ANTHROPIC_KEY, ERROR_DESCRIPTIONS, GATEWAY_KEY
+from gateway.http.query_text import NUL_FREE
 
 REF = "#/components/schemas/"
 WITHOUT_V1 = "without /v1"
@@ -378,6 +384,104 @@ ANSWERS: dict[tuple[str, str], tuple[type[BaseModel], tuple[int, ...]]] = {
 }
 
 
+@dataclass(frozen=True)
+class ResourceLink:
+    """An OpenAPI link: the answer of `source` (method, path, status) names a resource, which
+    `targets` (link name: method, path) take as the parameter `parameter` (`value`, a runtime
+    expression), or in their body (`body`)."""
+
+    source: tuple[str, str, str]
+    targets: dict[str, tuple[str, str]]
+    parameter: str | None = None
+    value: str = ""
+    body: dict[str, str] | None = None
+
+
+_POLICY_OPERATIONS = {
+    "Policy": ("get", "/v1/admin/policies/{policy}"),
+    "Versions": ("get", "/v1/admin/policies/{policy}/versions"),
+    "Rollback": ("post", "/v1/admin/policies/{policy}/rollback"),
+    "Pause": ("post", "/v1/admin/policies/{policy}/pause"),
+    "Resume": ("post", "/v1/admin/policies/{policy}/resume"),
+    "JudgeAgreement": ("get", "/v1/admin/policies/{policy}/judge/agreement"),
+    "Judge": ("get", "/v1/admin/policies/{policy}/judge"),
+    "Teacher": ("get", "/v1/admin/policies/{policy}/teacher"),
+}
+_VERSION_OPERATIONS = {
+    "Version": ("get", "/v1/admin/versions/{version}"),
+    "Approve": ("post", "/v1/admin/versions/{version}/approve"),
+    "Reject": ("post", "/v1/admin/versions/{version}/reject"),
+    "Promote": ("post", "/v1/admin/versions/{version}/promote"),
+}
+_TRAJECTORY_OPERATIONS = {
+    "Trajectory": ("get", "/v1/trajectories/{trajectory_id}"),
+    "DeleteTrajectory": ("delete", "/v1/trajectories/{trajectory_id}"),
+}
+_RESPONSE_OPERATIONS = {
+    "Response": ("get", "/v1/responses/{response_id}"),
+    "InputItems": ("get", "/v1/responses/{response_id}/input_items"),
+}
+_RECORDED_TRAJECTORY = "$response.header.X-Apprentice-Trajectory-Id"
+
+# Where an answer names a policy, a version, a trajectory, a response, a reward or a key, and the
+# operations that take it: a client (and the stateful fuzzer, tests/test_schemathesis.py) follows
+# them to reach those operations with real ids.
+LINKS: list[ResourceLink] = [
+    ResourceLink(("get", "/v1/admin/policies", "200"), _POLICY_OPERATIONS, "policy", "$response.body#/data/0/name"),
+    ResourceLink(
+        ("get", "/v1/admin/policies/{policy}/versions", "200"),
+        _VERSION_OPERATIONS,
+        "version",
+        "$response.body#/data/0/id",
+    ),
+    ResourceLink(
+        ("get", "/v1/admin/policies/{policy}/versions", "200"),
+        {"RollbackTo": ("post", "/v1/admin/policies/{policy}/rollback")},
+        "policy",
+        "$request.path.policy",
+        body={"version_id": "$response.body#/data/0/id"},
+    ),
+    *[
+        ResourceLink(("post", path, "200"), _TRAJECTORY_OPERATIONS, "trajectory_id", _RECORDED_TRAJECTORY)
+        for path in ("/v1/chat/completions", "/chat/completions", "/v1/messages", "/messages")
+    ],
+    ResourceLink(
+        ("get", "/v1/trajectories", "200"), _TRAJECTORY_OPERATIONS, "trajectory_id", "$response.body#/data/0/id"
+    ),
+    *[
+        ResourceLink(("post", path, "200"), _RESPONSE_OPERATIONS, "response_id", "$response.body#/id")
+        for path in ("/v1/responses", "/responses")
+    ],
+    ResourceLink(
+        ("post", "/v1/rewards", "200"),
+        {"Reward": ("get", "/v1/rewards/{reward_id}")},
+        "reward_id",
+        "$response.body#/id",
+    ),
+    ResourceLink(
+        ("post", "/v1/admin/keys", "201"),
+        {"KeyLimits": ("put", "/v1/admin/keys/{key_id}/limits"), "RevokeKey": ("delete", "/v1/admin/keys/{key_id}")},
+        "key_id",
+        "$response.body#/id",
+    ),
+]
+
+
+def _links(spec: dict[str, Any]) -> None:
+    """`LINKS` into the answers of the document, naming their targets by operationId."""
+    paths: dict[str, dict[str, Any]] = spec["paths"]
+    for link in LINKS:
+        method, path, status = link.source
+        links = paths[path][method]["responses"][status].setdefault("links", {})
+        for name, (target_method, target_path) in link.targets.items():
+            declared: dict[str, Any] = {"operationId": paths[target_path][target_method]["operationId"]}
+            if link.parameter is not None:
+                declared["parameters"] = {link.parameter: link.value}
+            if link.body is not None:
+                declared["requestBody"] = link.body
+            links[name] = declared
+
+
 # ---- the document ------------------------------------------------------------------------
 
 
@@ -410,6 +514,8 @@ def document(app: FastAPI) -> dict[str, Any]:
         separate_input_output_schemas=app.separate_input_output_schemas,
     )
     _complete(spec)
+    _nul_free(spec, declared)
+    _links(spec)
     return spec
 
 
@@ -448,6 +554,73 @@ def _complete(spec: dict[str, Any]) -> None:
         others = {other: schema for other, schema in schemas.items() if other != name}
         if f'"{REF}{name}"' not in json.dumps([paths, others]):
             schemas.pop(name, None)
+
+
+def _nul_free(spec: dict[str, Any], declared: set[tuple[str, str]]) -> None:
+    """The app's routes refuse NUL in every parameter and request field (gateway/http/query_text.py):
+    their strings say so with `NUL_FREE` where they have no pattern of their own. The operations
+    declared here (chat, responses, messages) take NUL in what they forward and keep no such rule."""
+    schemas: dict[str, Any] = spec.get("components", {}).get("schemas", {})
+    operations = [
+        (path, method, operation) for path, item in spec["paths"].items() for method, operation in item.items()
+    ]
+    declared_refs = {
+        ref
+        for path, method, operation in operations
+        if (path, method) in declared
+        for ref in _reachable_refs(operation, schemas)
+    }
+    body_refs: set[str] = set()
+    for path, method, operation in operations:
+        if (path, method) in declared:
+            continue
+        for parameter in operation.get("parameters", []):
+            if parameter.get("in") in ("path", "query", "header"):
+                _strings_nul_free(parameter.get("schema", {}))
+        for content in operation.get("requestBody", {}).get("content", {}).values():
+            schema = content.get("schema", {})
+            _strings_nul_free(schema)
+            body_refs |= _reachable_refs(schema, schemas)
+    shared = body_refs & declared_refs
+    if shared:
+        raise ValueError(f"request schemas shared with the forwarded protocols, which take NUL: {sorted(shared)}")
+    for ref in body_refs:
+        _strings_nul_free(schemas[ref[len(REF) :]])
+
+
+def _strings_nul_free(schema: Any) -> None:
+    """`NUL_FREE` on every plain string of a schema (those without a pattern, format, enum or
+    const), nested ones included; references are left to the caller."""
+    if isinstance(schema, list):
+        for item in schema:
+            _strings_nul_free(item)
+        return
+    if not isinstance(schema, dict):
+        return
+    if schema.get("type") == "string" and not {"pattern", "format", "enum", "const"} & set(schema):
+        schema["pattern"] = NUL_FREE
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        _strings_nul_free(schema.get(key))
+    for key in ("items", "additionalProperties", "not"):
+        _strings_nul_free(schema.get(key))
+    for value in (schema.get("properties") or {}).values():
+        _strings_nul_free(value)
+
+
+def _reachable_refs(value: Any, schemas: dict[str, Any], found: set[str] | None = None) -> set[str]:
+    """Every component reference reachable from a part of the document, through other components."""
+    found = set() if found is None else found
+    if isinstance(value, list):
+        for item in value:
+            _reachable_refs(item, schemas, found)
+    elif isinstance(value, dict):
+        ref = value.get("$ref")
+        if isinstance(ref, str) and ref.startswith(REF) and ref not in found:
+            found.add(ref)
+            _reachable_refs(schemas.get(ref[len(REF) :]), schemas, found)
+        for item in value.values():
+            _reachable_refs(item, schemas, found)
+    return found
 
 
 def _component(spec: dict[str, Any], model: type[BaseModel]) -> dict[str, str]:

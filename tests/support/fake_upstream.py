@@ -16,6 +16,8 @@ the request, so tests can check that the gateway forwards and records them faith
 - `model` "judge-..." answers as an LLM judge would (tests/support/fake_judge.py).
 - `model` "teacher-..." answers by a hidden rule, as a hosted teacher would (tests/support/fake_teacher.py).
 - `/v1/responses` and `/v1/messages` answer natively (tests/support/fake_native.py).
+- Under `/chat-only/v1` only chat completions and models are served, as by a server that speaks
+  no Responses or Messages (`FakeUpstreamProcess.chat_only_api_base`).
 - `GET /_requests` returns the bodies received (newest last); `DELETE /_requests` clears them.
 
 Run it alone with `python -m tests.support.fake_upstream --port 9100`.
@@ -39,6 +41,7 @@ from tests.support.fake_teacher import teacher_completion
 
 EMBEDDINGS_REQUEST = jsonschema.Draft202012Validator(EmbeddingsRequest.model_json_schema())
 DEFAULT_CHUNKS = 20
+CHAT_ONLY_PREFIX = "/chat-only"
 ANSWER_WORDS = 20
 
 
@@ -102,6 +105,10 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/v1/models", self.models)
+        # A server that speaks chat completions only (an older vLLM, llama.cpp, Ollama): under
+        # /chat-only/v1 there is no /responses nor /messages, which answer 404 as such servers do.
+        app.router.add_post(CHAT_ONLY_PREFIX + "/v1/chat/completions", self.chat)
+        app.router.add_get(CHAT_ONLY_PREFIX + "/v1/models", self.models)
         app.router.add_get("/_requests", self.list_requests)
         app.router.add_delete("/_requests", self.clear_requests)
         return app

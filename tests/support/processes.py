@@ -39,6 +39,11 @@ class FakeUpstreamProcess(ManagedProcess):
     def api_base(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    @property
+    def chat_only_api_base(self) -> str:
+        """The same upstream as a server that speaks chat completions only (no /v1/responses)."""
+        return f"http://127.0.0.1:{self.port}/chat-only/v1"
+
     def start(self) -> None:
         super().start()
         self.wait_ready(30.0)

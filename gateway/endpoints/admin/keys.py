@@ -39,6 +39,10 @@ class KeyOut(BaseModel):
     created_at: datetime
     revoked_at: datetime | None
     limits: dict[str, Any] = Field(description="The key's own limits (RateLimits fields); absent ones: the defaults.")
+    invalid_limits: str | None = Field(
+        default=None,
+        description="Why the stored limits are ignored (written by hand and out of range): the key has the defaults.",
+    )
 
 
 class KeyListOut(BaseModel):

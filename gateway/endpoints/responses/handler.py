@@ -25,6 +25,7 @@ from gateway.endpoints.responses.translate import to_chat_request
 from gateway.endpoints.responses.wire import ResponsesWire
 from gateway.http.asgi import Receive, Scope, Send, header, read_body, send_error
 from gateway.http.errors import GatewayError
+from gateway.http.query_text import refuse_nul
 from gateway.state import GatewayState
 from gateway.trajectories.stitching import MessageKeys, uuid7
 from gateway.upstreams.routing import RoutePlan, UpstreamTarget
@@ -131,6 +132,7 @@ class ResponsesEndpoint:
         if previous_id is not None:
             if not isinstance(previous_id, str) or not previous_id:
                 raise GatewayError(400, "previous_response_id must be a non-empty string", param="previous_response_id")
+            refuse_nul(previous_id, "previous_response_id")  # looked up in the record
             previous = await self.history.previous(key.tenant, previous_id)
             if previous is None:
                 raise GatewayError(

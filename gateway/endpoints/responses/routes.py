@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Literal
 
-import orjson
 from fastapi import APIRouter, Query, Request, Response
 from psycopg.rows import dict_row
 
 from gateway.endpoints.responses.translate import input_items
 from gateway.http.documented import CLIENT, error_responses
 from gateway.http.errors import GatewayError
+from gateway.http.responses import dumps
 from gateway.state import GatewayState
 from gateway.store.connection import driver_connection
 
@@ -67,7 +67,7 @@ async def _found(request: Request, response_id: str) -> dict[str, Any]:
 )
 async def get_response(request: Request, response_id: str) -> Response:
     row = await _found(request, response_id)
-    return Response(orjson.dumps(row["native_response"] or row["response"]), media_type="application/json")
+    return Response(dumps(row["native_response"] or row["response"]), media_type="application/json")
 
 
 @router.get(
@@ -98,4 +98,4 @@ async def get_input_items(
         "last_id": page[-1].get("id") if page else None,
         "has_more": len(items) > limit,
     }
-    return Response(orjson.dumps(answer), media_type="application/json")
+    return Response(dumps(answer), media_type="application/json")

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from gateway.endpoints.rewards.protocol import RewardBatchIn, RewardIn
 from gateway.http.errors import GatewayError
+from gateway.http.query_text import refuse_nul_in_json
 from gateway.rewards.rules import RewardRules
 from gateway.store.rewards import Checker, NewReward, SignatureUse
 from gateway.trajectories.stitching import trajectory_id_for_client, uuid7
@@ -61,38 +62,13 @@ def parse_rewards(body: bytes) -> tuple[list[RewardIn], bool]:
         )
     batch = "rewards" in data
     if b"\\u0000" in body:  # JSON's only way to write NUL; PostgreSQL cannot store it in text
-        _refuse_nul(data)
+        refuse_nul_in_json(data)
     try:
         if batch:
             return RewardBatchIn.model_validate(data).rewards, True
         return [RewardIn.model_validate(data)], False
     except ValidationError as error:
         raise _validation_error(error, batch) from None
-
-
-def _refuse_nul(data: Any) -> None:
-    """A 400 naming the first string (or key) that holds a NUL character, instead of a database error."""
-
-    def walk(node: Any, path: str) -> str | None:
-        if isinstance(node, str):
-            return path if "\x00" in node else None
-        if isinstance(node, dict):
-            children = [(f"{path}.{key}" if path else key, key, value) for key, value in node.items()]
-        elif isinstance(node, list):
-            children = [(f"{path}[{index}]", "", value) for index, value in enumerate(node)]
-        else:
-            return None
-        for inner, key, value in children:
-            found = inner if "\x00" in key else walk(value, inner)
-            if found is not None:
-                return found
-        return None
-
-    param = walk(data, "")
-    if param is not None:
-        raise GatewayError(
-            400, f"{param}: must not contain NUL characters (\\u0000)", param=param, code="invalid_value"
-        )
 
 
 def refuse_large_batch(count: int, max_batch: int) -> None:

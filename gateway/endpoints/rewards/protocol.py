@@ -106,7 +106,7 @@ class RewardIn(BaseModel):
         description=(
             "Your id for this reward. Sending the same key and content again changes nothing; new content "
             "under the same key replaces the earlier reward (history is kept). The `Idempotency-Key` header "
-            "sets it too."
+            "sets it too; given both, a single reward's must be equal (else 400)."
         ),
     )
     timestamp: Annotated[datetime | None, BeforeValidator(_strict_timestamp)] = Field(

@@ -102,7 +102,9 @@ _SIGNATURE_DOC = {
             "in": "header",
             "required": False,
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_HEADER_CHARS, "pattern": r"\S"},
-            "description": "Sets `idempotency_key` (for a batch, item i without its own key gets `<key>:<i>`).",
+            "description": "Sets `idempotency_key` (for a batch, item i without its own key gets `<key>:<i>`). "
+            "A single reward whose body also gives `idempotency_key` must give the same value: a different one "
+            "is refused with 400 (`param`: `idempotency_key`, `code`: `invalid_value`).",
         },
     ]
 }
@@ -130,7 +132,11 @@ def _state(request: Request) -> GatewayState:
             "description": "The stored rewards, in request order.",
             "content": {"application/json": {"schema": _RESPONSE_SCHEMA}},
         },
-        400: {"description": "Invalid input; `error.param` names the field."},
+        400: {
+            "description": "Invalid input; `error.param` names the field. Among them: a single reward whose "
+            f"`idempotency_key` differs from the `{IDEMPOTENCY_HEADER}` header (`param`: `idempotency_key`), a "
+            "string holding NUL (`\\u0000`), a reward its policy's rules refuse."
+        },
         401: {"description": "Missing or invalid API key or signature, or a stale signature."},
         409: {"description": "A signature that was already used (replay)."},
         429: {"description": "The tenant holds `rewards.max_pending_per_tenant` pending rewards already."},
