@@ -62,3 +62,36 @@ def test_the_anthropic_tool_use_loop_is_one_rewarded_trainable_trajectory(gatewa
     candidate, segments = learner_segments(db, policy, trajectory["id"], tokenizer)
     assert candidate.webhook == 1.0 and len(candidate.calls) == 3
     assert_masks_on_assistant_turns(trajectory, segments, tokenizer)
+
+
+def test_the_langgraph_tool_calling_graph_is_one_rewarded_trainable_trajectory(gateway, policy, db, tokenizer):
+    printed = run_example("langgraph_agent.py", gateway, "--model", POLICY)
+    assert printed["reward"] == 1.0, printed
+    assert "Lisbon: sunny, 24 C" in printed["answer"] and "Lisbon is at UTC+0" in printed["answer"]
+
+    trajectory = read_trajectory(gateway, printed["trajectory_id"], calls=3)
+    assert trajectory["group_id"] == "trip-lisbon"
+    assert_tool_loop(trajectory, ["get_weather", "local_time", None])
+    assert_reward(trajectory, 1.0)
+
+    _, segments = learner_segments(db, policy, trajectory["id"], tokenizer)
+    assert_masks_on_assistant_turns(trajectory, segments, tokenizer)
+
+
+def test_the_agents_sdk_multi_turn_run_over_responses_is_one_rewarded_trainable_trajectory(
+    gateway, policy, db, tokenizer
+):
+    printed = run_example("openai_agents_sdk.py", gateway, "--model", POLICY)
+    assert printed["reward"] == 1.0, printed
+    first, second = printed["answers"]
+    assert "DHL" in first and "2 working days" in second
+
+    trajectory = read_trajectory(gateway, printed["trajectory_id"], calls=6)
+    assert trajectory["group_id"] == "order-A-1001"
+    tools = ["lookup_order", "delivery_estimate", None]
+    assert_tool_loop(trajectory, tools + tools)
+    assert all(call["request"]["messages"][0]["role"] == "system" for call in trajectory["calls"])
+    assert_reward(trajectory, 1.0)
+
+    _, segments = learner_segments(db, policy, trajectory["id"], tokenizer)
+    assert_masks_on_assistant_turns(trajectory, segments, tokenizer)
