@@ -79,7 +79,12 @@ def main() -> None:
     # ChatOpenAI hands http_client to the openai SDK it wraps: the hook tags every call the
     # graph makes with the run that is current when the graph runs.
     model = ChatOpenAI(
-        model=args.model, base_url=args.base_url, api_key=args.api_key, http_client=ac.http_client(), timeout=120
+        model=args.model,
+        base_url=args.base_url,
+        api_key=args.api_key,
+        http_client=ac.http_client(),
+        timeout=120,
+        max_tokens=256,
     )
     graph = build_graph(model)
     with ac.run(group_id="trip-lisbon") as run:
