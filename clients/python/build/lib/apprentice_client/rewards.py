@@ -18,7 +18,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -142,6 +142,9 @@ class Attempt:
     delay_s: float | None  # the wait before the next attempt; None: no next attempt
 
 
+OnAttempt = Callable[[Attempt], object]
+
+
 def _rewards_url(base_url: str) -> str:
     """`.../v1/rewards` from the gateway's root or its `/v1` base (OPENAI_BASE_URL's form)."""
     base = base_url.rstrip("/")
@@ -173,7 +176,7 @@ class _Sender:
         api_key: str | None,
         webhook_secret: str | None,
         retry: RetryPolicy,
-        on_attempt: Any,
+        on_attempt: OnAttempt | None,
     ) -> None:
         base_url = base_url or os.environ.get("APPRENTICE_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
         if not base_url:
@@ -237,7 +240,7 @@ class RewardClient:
         retry: RetryPolicy | None = None,
         timeout_s: float = 30.0,
         http_client: httpx.Client | None = None,
-        on_attempt: Any = None,
+        on_attempt: OnAttempt | None = None,
     ) -> None:
         """`base_url`: the gateway (`http://host:8000` or `.../v1`; default $APPRENTICE_BASE_URL, else
         $OPENAI_BASE_URL). `api_key` (default $APPRENTICE_API_KEY, else $OPENAI_API_KEY) or
@@ -293,7 +296,7 @@ class AsyncRewardClient:
         retry: RetryPolicy | None = None,
         timeout_s: float = 30.0,
         http_client: httpx.AsyncClient | None = None,
-        on_attempt: Any = None,
+        on_attempt: OnAttempt | None = None,
     ) -> None:
         """The same arguments as `RewardClient`."""
         self._sender = _Sender(base_url, api_key, webhook_secret, retry or RetryPolicy(), on_attempt)
