@@ -11,11 +11,12 @@ BIN := $(VENV)/bin
 
 .PHONY: up test lint install clean fuzz
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[learner,test]"
+	$(BIN)/python -m pip install --quiet -e ./clients/python  # the client helper the examples use
 	touch $@
 
 install: $(BIN)/.installed

@@ -16,15 +16,8 @@ from learner.grpo.tokens import (
     template_call_tokens,
     trajectory_segments,
 )
+from tests.support.chat_templates import TOOL_TEMPLATE
 
-# A ChatML template that renders tool calls and tool results (SmolLM2's own ignores tools).
-TOOL_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['content'] %}{{ m['content'] }}{% endif %}"
-    "{% if m.get('tool_calls') %}{% for c in m['tool_calls'] %}<tool_call>{{ c['function']['name'] }}"
-    "({{ c['function']['arguments'] | tojson }})</tool_call>{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 # Not prefix-preserving: the generation prompt opens a block that rendered answers do not have.
 THINK_TEMPLATE = TOOL_TEMPLATE.replace(
     "{% if add_generation_prompt %}<|im_start|>assistant\n",

@@ -15,6 +15,8 @@ the request, so tests can check that the gateway forwards and records them faith
   far apart.
 - `model` "judge-..." answers as an LLM judge would (tests/support/fake_judge.py).
 - `model` "teacher-..." answers by a hidden rule, as a hosted teacher would (tests/support/fake_teacher.py).
+- `model` "agent-..." is a scripted tool-using model: each offered tool once per user turn, then
+  text quoting the results (tests/support/fake_agent.py); whole or streamed.
 - `/v1/responses` and `/v1/messages` answer natively (tests/support/fake_native.py).
 - Under `/chat-only/v1` only chat completions and models are served, as by a server that speaks
   no Responses or Messages (`FakeUpstreamProcess.chat_only_api_base`).
@@ -35,6 +37,7 @@ import orjson
 from aiohttp import web
 
 from gateway.endpoints.embeddings.protocol import EmbeddingsRequest
+from tests.support.fake_agent import agent_message
 from tests.support.fake_judge import judge_content
 from tests.support.fake_native import FakeNative
 from tests.support.fake_teacher import teacher_completion
@@ -173,9 +176,41 @@ class FakeUpstream:
         if model.startswith("teacher-"):
             answer = teacher_completion(body, completion_id)
             return web.Response(body=orjson.dumps(answer), content_type="application/json")
+        if model.startswith("agent-"):
+            return await self._agent(request, body, completion_id)
         if body.get("stream"):
             return await self._stream(request, body, completion_id)
         return web.Response(body=orjson.dumps(self._complete(body, completion_id)), content_type="application/json")
+
+    async def _agent(self, request: web.Request, body: dict[str, Any], completion_id: str) -> web.StreamResponse:
+        message = agent_message(body, self.counter)
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        answered = len(str(message.get("content") or message.get("tool_calls")).split())
+        prompt = sum(len(str(m.get("content") or "").split()) + 3 for m in body["messages"])
+        usage = {"prompt_tokens": prompt, "completion_tokens": answered, "total_tokens": prompt + answered}
+        base = {"id": completion_id, "created": int(time.time()), "model": body.get("model")}
+        if not body.get("stream"):
+            choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            answer = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+            return web.Response(body=orjson.dumps(answer), content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": 0, **call} for call in message["tool_calls"]]
+        chunks = [
+            [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
+            [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}],
+        ]
+        for choices in chunks:
+            chunk = {**base, "object": "chat.completion.chunk", "choices": choices}
+            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunk = {**base, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
     def _usage(self, body: dict[str, Any], n: int) -> dict[str, int]:
         prompt = sum(len(str(m.get("content") or "").split()) + 3 for m in body["messages"])
