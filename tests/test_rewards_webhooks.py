@@ -73,7 +73,11 @@ def test_signed_webhooks(start_gateway, database_url, db, tmp_path):
         "wrong secret": (send(gateway, body, sign("whsec_wrong", body)), 401, "invalid_signature"),
         "tampered body": (send(gateway, body.replace(b"1.0", b"0.0"), sign(SECRET, body)), 401, "invalid_signature"),
         "stale": (send(gateway, body, sign(SECRET, body, int(time.time()) - outside)), 401, "signature_expired"),
-        "from the future": (send(gateway, body, sign(SECRET, body, int(time.time()) + outside)), 401, "signature_expired"),
+        "from the future": (
+            send(gateway, body, sign(SECRET, body, int(time.time()) + outside)),
+            401,
+            "signature_expired",
+        ),
         "malformed": (send(gateway, body, "v1=abc"), 401, "invalid_signature"),
     }
     stamped = sign(SECRET, body, int(time.time()) + 1)  # a new timestamp: a new signature

@@ -12,7 +12,8 @@ from psycopg.types.json import Jsonb
 
 from apprentice.settings import Settings
 from learner.jobs import run as run_module
-from learner.jobs.run import LOCK_CLASS, lock_key, run_once
+from learner.jobs.run import run_once
+from learner.jobs.training_runs import LOCK_CLASS, lock_key
 
 
 def settings_for(database_url: str, data_dir: Path, base_model: str, **learning) -> Settings:
