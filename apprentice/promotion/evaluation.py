@@ -280,28 +280,6 @@ def _current_rewards(policy: str, since: datetime, reward_name: str, *columns: A
     )
 
 
-async def arm_rewards(
-    connection: AsyncConnection,
-    policy: str,
-    canary_id: uuid.UUID,
-    incumbent_id: uuid.UUID | None,
-    since: datetime,
-    reward_name: str = "reward",
-) -> tuple[list[float], list[float]]:
-    """Current rewards of the canary's and the incumbent's trajectories since `since`."""
-    query = _current_rewards(policy, since, reward_name, trajectories.c.adapter_version_id).where(
-        (trajectories.c.adapter_version_id == canary_id)
-        | trajectories.c.adapter_version_id.is_not_distinct_from(incumbent_id)
-    )
-    canary: list[float] = []
-    incumbent: list[float] = []
-    for version_id, value in await connection.execute(query):
-        if value is None or not math.isfinite(value):
-            continue
-        (canary if version_id == canary_id else incumbent).append(float(value))
-    return canary, incumbent
-
-
 @dataclass(frozen=True)
 class LineageRewards:
     """The rewards `evaluate_canary` compares: the lineage's arm and the incumbent's since the
