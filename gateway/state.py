@@ -20,7 +20,7 @@ from apprentice.store.engine import make_async_engine
 from apprentice.store.secrets import instance_secret
 from gateway import metrics
 from gateway.auth.keys import KeyCache, KeyInfo
-from gateway.history import HistoryMaintenance
+from gateway.history_maintenance import HistoryMaintenance
 from gateway.http.asgi import header
 from gateway.http.errors import GatewayError
 from gateway.journal.rejected import set_aside

@@ -42,6 +42,7 @@ from apprentice.promotion.lineage import lineage_head, promoted_version
 from apprentice.settings import DistillationSettings, PolicySettings, Settings
 from learner.grpo.grouping import group_key
 from learner.jobs import training_runs
+from learner.jobs.policy_trainer import PolicyTrainer, training_threads
 from learner.jobs.selection import (
     REWARDED,
     Candidate,
@@ -52,7 +53,6 @@ from learner.jobs.selection import (
     load_versions,
     without_jit,
 )
-from learner.jobs.session import PolicyTrainer, training_threads
 from learner.jobs.training_runs import RunOutcome, adapters_dir, learner_database_url, with_policy_lock
 
 log = logging.getLogger(__name__)

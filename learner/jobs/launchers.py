@@ -8,7 +8,7 @@
   (learner/jobs/kubernetes.py).
 
 The last two start a fresh process per run: the model is loaded from the files of the version
-the run starts from and the optimizer starts fresh, as after a learner restart (session.py).
+the run starts from and the optimizer starts fresh, as after a learner restart (policy_trainer.py).
 Each launcher chooses the run's id and passes it with `--run-id`, waits for the run to end,
 and reads its outcome from that `training_runs` row (training_runs.launch_outcome); a run that
 wrote no row (the policy's lock was busy, learning paused or disabled, or the process died
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from apprentice.settings import PolicySettings, Settings
 from learner.jobs.kubernetes import KubernetesLauncher
 from learner.jobs.one_run import one_run_arguments, run_policy
-from learner.jobs.session import PolicyTrainer
+from learner.jobs.policy_trainer import PolicyTrainer
 from learner.jobs.training_runs import RunOutcome, launch_outcome
 
 log = logging.getLogger(__name__)

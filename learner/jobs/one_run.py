@@ -39,8 +39,8 @@ from apprentice.commands.common import config_option, load, setup_logging
 from apprentice.settings import PolicySettings, Settings
 from learner.jobs import training_runs
 from learner.jobs.distill import behind_teacher_now, run_distillation
+from learner.jobs.policy_trainer import PolicyTrainer
 from learner.jobs.run import run_once
-from learner.jobs.session import PolicyTrainer
 from learner.jobs.training_runs import RunOutcome, learner_database_url
 
 log = logging.getLogger(__name__)

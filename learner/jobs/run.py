@@ -4,7 +4,7 @@ A run continues the training lineage (apprentice.promotion.lineage): it trains f
 head -- the newest candidate or canary above the promoted version, else the promoted version,
 else the base model -- and its candidate records the head as parent_version_id. It trains only
 on data the head or its ancestors at most `max_staleness` versions back sampled (selection.py).
-The model, the lineage's LoRA and its optimizer live in a `PolicyTrainer` (session.py) that a
+The model, the lineage's LoRA and its optimizer live in a `PolicyTrainer` (policy_trainer.py) that a
 long-lived learner keeps between runs; `run_once` without one makes a one-off trainer.
 
 Safety, in the order things happen (the bookkeeping is training_runs.py's, shared with
@@ -45,8 +45,8 @@ from apprentice.settings import PolicySettings, Settings
 from learner.grpo.advantages import AdvantageKind, group_advantages
 from learner.grpo.grouping import Grouping, Member, make_groups
 from learner.jobs import training_runs
+from learner.jobs.policy_trainer import PolicyTrainer, training_threads
 from learner.jobs.selection import Selection, select
-from learner.jobs.session import PolicyTrainer, training_threads
 from learner.jobs.training_runs import RunOutcome, adapters_dir, learner_database_url, with_policy_lock
 
 if TYPE_CHECKING:  # imported by the functions that train: they pull in torch

@@ -8,7 +8,7 @@ Per policy, from `policies[].learning`:
   back, while each run produces a candidate and at least that many new groups still wait (a run
   that produced nothing waits for the next poll: the same data would not do better at once).
 Each policy's runs start as `learning.launcher` says (learner/jobs/launchers.py). In process
-(the default), a policy has one long-lived `PolicyTrainer` (session.py): its base model, the
+(the default), a policy has one long-lived `PolicyTrainer` (policy_trainer.py): its base model, the
 lineage's LoRA and its optimizer stay in memory from run to run, so a run costs its new data,
 not a model load, and consecutive runs continue one optimization. Under `torchrun` or
 `kubernetes` each run is a fresh group of processes (one per GPU) that loads the version it
@@ -41,8 +41,8 @@ import psycopg
 from apprentice.settings import PolicySettings, Settings
 from learner.jobs.distill import behind_teacher_now, count_teacher_trajectories
 from learner.jobs.launchers import InProcessLauncher, launcher_for
+from learner.jobs.policy_trainer import PolicyTrainer
 from learner.jobs.selection import count_new_groups
-from learner.jobs.session import PolicyTrainer
 from learner.jobs.training_runs import RunOutcome, learner_database_url
 
 log = logging.getLogger(__name__)

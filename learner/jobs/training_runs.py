@@ -49,7 +49,7 @@ from apprentice.settings import PolicySettings, Settings
 
 if TYPE_CHECKING:
     from apprentice.promotion.rows import AdapterVersion
-    from learner.jobs.session import PolicyTrainer
+    from learner.jobs.policy_trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
 
