@@ -19,7 +19,9 @@ its row and the process with status 143, whatever it was doing (`StopRequest`):
   threads running: nothing on the way out imports anything, and the process ends with
   `os._exit(143)` once the run's row is closed, instead of tearing the interpreter down;
 - where the run could not close its row (the signal landed before its `try`, or in the middle
-  of a query on its connection), the command closes it over a new connection before exiting.
+  of a query on its connection), the command closes it over a new connection before exiting;
+  where a library turned the interrupt into another error (an import interrupted halfway fails
+  later with a ModuleNotFoundError), the row is failed either way and is made to say SIGTERM.
 """
 
 from __future__ import annotations
@@ -166,8 +168,8 @@ def exit_stopped(settings: Settings, run_id: str) -> NoReturn:
     tearing the interpreter down (see the module docstring). Never returns."""
     if os.environ.get("RANK", "0") == "0":
         try:
-            if training_runs.close_if_running(learner_database_url(settings), run_id, f"Terminated: {Terminated()}"):
-                log.error("run %s: stopped by SIGTERM; its row closed as failed", run_id)
+            if training_runs.close_stopped(learner_database_url(settings), run_id, f"Terminated: {Terminated()}"):
+                log.error("run %s: stopped by SIGTERM; its row says so", run_id)
         except Exception:
             log.exception("run %s: stopped by SIGTERM, and its row could not be closed (the next run will)", run_id)
     for handler in logging.getLogger().handlers:

@@ -13,8 +13,9 @@ train; their bookkeeping is the same and lives here, so that the two kinds canno
 - `skip`, `fail`, `save_candidate`: the ends. `save_candidate` writes the adapter atomically,
   then ONE transaction records the candidate through the lifecycle, marks the trajectories the
   run consumed with its id and closes the row; killed before that commit, nothing is marked.
-- `close_if_running`: what a process that is being stopped (SIGTERM) or a launcher that gave
-  up on its run writes, over a new connection, when the run could not close its own row.
+- `close_stopped`, `close_if_running`: what a process that is being stopped (SIGTERM) writes,
+  over a new connection, when the run could not close its own row or closed it with another
+  error; what a lost connection leaves to write.
 - `launch_outcome`, `record_failed_launch`: what a launcher reads back from a run in another
   process and writes when that process never started it.
 
@@ -270,6 +271,27 @@ def close_if_running(url: str, run_id: str, error: str, *, timeout_s: float = 10
             "UPDATE training_runs SET status = 'failed', finished_at = now(), error = %s, "
             "duration_s = extract(epoch FROM now() - started_at) WHERE id = %s AND status = 'running'",
             (error, run_id),
+        )
+        return cursor.rowcount > 0
+
+
+def close_stopped(url: str, run_id: str, reason: str, *, timeout_s: float = 10.0) -> bool:
+    """The process running run `run_id` was stopped (SIGTERM): close its row as failed with `reason`
+    over a new connection. A row still `running` gets `reason`; a row the run already closed as
+    failed with another error (the interrupt landed inside an import or a library, which turned it
+    into that error) gets `reason` first, so that the row says why; a succeeded row is left alone.
+    True when this changed the row."""
+    with psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(timeout_s))) as connection:
+        connection.execute(f"SET lock_timeout = '{int(timeout_s * 1000)}ms'")
+        cursor = connection.execute(
+            "UPDATE training_runs SET "
+            "error = CASE WHEN status = 'running' THEN %(reason)s::text "
+            "ELSE %(reason)s::text || ' (the run then ended with ' || coalesce(error, 'no error') || ')' END, "
+            "finished_at = coalesce(finished_at, now()), "
+            "duration_s = coalesce(duration_s, extract(epoch FROM now() - started_at)), status = 'failed' "
+            "WHERE id = %(id)s AND (status = 'running' "
+            "OR (status = 'failed' AND position(%(reason)s::text IN coalesce(error, '')) = 0))",
+            {"reason": reason, "id": run_id},
         )
         return cursor.rowcount > 0
 
