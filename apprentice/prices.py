@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,23 @@ def price_from_info(info: dict[str, Any]) -> Price | None:
         return float(given_in or 0.0), float(given_out or 0.0)
     except (TypeError, ValueError):
         return None
+
+
+def price_of(
+    model_info: Mapping[str, Any], names: Iterable[str | None], cost_map: Mapping[str, Price]
+) -> tuple[Price, str] | None:
+    """THE lookup, for budgets and the takeover alike: a deployment's price and where it was found.
+
+    Its `model_info` first ("model_info"), else the first of `names` (the deployment's litellm
+    model, then the upstream's model name) that litellm's cost map prices ("litellm cost map:
+    NAME"); None when neither knows the model."""
+    price = price_from_info(dict(model_info))
+    if price is not None:
+        return price, "model_info"
+    for name in names:
+        if name and name in cost_map:
+            return cost_map[name], f"litellm cost map: {name}"
+    return None
 
 
 def litellm_cost_map_path() -> Path | None:

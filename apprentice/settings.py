@@ -74,10 +74,6 @@ class LiteLLMParams(BaseModel):
         return dict(self.__pydantic_extra__ or {})
 
 
-class ModelInfo(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
 class ModelEntry(BaseModel):
     """One deployment in LiteLLM's `model_list`. Several entries may share a `model_name`."""
 

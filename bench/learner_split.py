@@ -85,7 +85,7 @@ def train_child(args: argparse.Namespace) -> None:
     from learner.grpo.adapters import new_lora
     from learner.grpo.tokens import Segment
     from learner.grpo.trainer import GRPOTrainer, TrainerConfig, TrainSample
-    from learner.jobs.session import training_threads
+    from learner.jobs.policy_trainer import training_threads
     from learner.models import load_base_model
 
     learning = LearningSettings(lr=1e-4, micro_batch_size=8, grad_accumulation=4, threads=args.threads)

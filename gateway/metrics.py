@@ -80,7 +80,7 @@ POLICY_ENDPOINTS = Gauge(
 )
 
 
-# The partitioned history (gateway/history.py, apprentice/store/history.py): counted by the
+# The partitioned history (gateway/history_maintenance.py, apprentice/store/history.py): counted by the
 # process that did the work; the partitions gauge is the latest count any process saw.
 HISTORY_PARTITIONS_CREATED = Counter("apprentice_history_partitions_created_total", "Partitions of calls created ahead")
 HISTORY_PARTITIONS_DROPPED = Counter(

@@ -221,7 +221,7 @@ def setup(module_database: str, fake_upstream: Any, tmp_path_factory: pytest.Tem
 
     from apprentice.promotion.service import run_promotion_tick
     from apprentice.settings import Settings
-    from learner.jobs.session import PolicyTrainer
+    from learner.jobs.policy_trainer import PolicyTrainer
     from learner.models import fetch_default_model
 
     torch.set_num_threads(2)

@@ -24,7 +24,7 @@ from apprentice.promotion.takeover import _ARM_CALLS
 from gateway.endpoints.responses.history import _STORED
 from gateway.store.calls import _CREATE_INCOMING, _FIND_MERGES, _INSERT_CALLS, _SETTLE_PENDING, copy_payload
 from learner.jobs.distill import _TEACHER_CALLS
-from learner.jobs.selection import _CALLS, _NEW_GROUPS, _REWARDED, _WAITING
+from learner.jobs.selection import _CALLS, _NEW_GROUPS, _WAITING, REWARDED
 from tests.conftest import _admin, _with_database
 
 TRAJECTORIES = 20_000
@@ -215,7 +215,7 @@ def test_selection_of_rewarded_trajectories_gets_every_call_across_partitions(hi
         )
         policy = db.execute("SELECT policy FROM trajectories WHERE id = %s", (straddling,)).fetchone()
         assert policy is not None
-        rewarded = db.execute(_REWARDED, selection_params(policy=policy[0], limit=TRAJECTORIES)).fetchall()
+        rewarded = db.execute(REWARDED, selection_params(policy=policy[0], limit=TRAJECTORIES)).fetchall()
         assert str(straddling) in {r[0] for r in rewarded}
         calls = db.execute(_CALLS, {"ids": [str(straddling)]}).fetchall()
         db.rollback()

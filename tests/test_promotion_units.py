@@ -123,6 +123,7 @@ A_RUN = TrainingRun(
     policy="agent",
     status="succeeded",
     trigger="manual",
+    kind="rl",
     host=None,
     pid=None,
     started_at=datetime(2026, 1, 1, tzinfo=timezone.utc),

@@ -53,12 +53,13 @@ def ui(gateway):
         yield client
 
 
-def add_candidate(db, policy: str, number: int) -> uuid.UUID:
+def add_candidate(db, policy: str, number: int, kind: str = "rl") -> uuid.UUID:
     run_id, version_id = uuid.uuid4(), uuid.uuid4()
     db.execute(
-        "INSERT INTO training_runs (id, policy, status, loss, kl, clip_fraction, samples, mean_reward, duration_s, "
-        "finished_at, produced_version_id) VALUES (%s, %s, 'succeeded', 0.31, 0.02, 0.1, 64, 0.5, 12.5, now(), %s)",
-        (run_id, policy, version_id),
+        "INSERT INTO training_runs (id, policy, status, kind, loss, kl, clip_fraction, samples, mean_reward, "
+        "duration_s, finished_at, produced_version_id) "
+        "VALUES (%s, %s, 'succeeded', %s, 0.31, 0.02, 0.1, 64, 0.5, 12.5, now(), %s)",
+        (run_id, policy, kind, version_id),
     )
     db.execute(
         "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, training_run_id) "
@@ -183,6 +184,32 @@ def test_rejecting_a_candidate_writes_what_the_admin_api_writes(gateway, ui, db)
     assert policy.status_code == 200
     assert 'data-testid="transition-row"' in policy.text and "tone regressed" in policy.text
     assert 'data-testid="run-row"' in policy.text and 'id="reward-chart"' in policy.text
+
+
+def test_training_runs_say_their_kind_and_filter_on_it_in_the_admin_api_and_the_dashboard(gateway, ui, db):
+    """Migration 0010's promise: a policy's distilled versions (and runs) with one filter."""
+    add_candidate(db, "agent", 1, kind="rl")
+    add_candidate(db, "agent", 2, kind="sft")
+
+    def names(query: str) -> list[str]:
+        answer = httpx.get(f"{gateway.base_url}/admin/policies/agent/versions{query}", headers=AUTH, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return [v["name"] for v in answer.json()["data"]]
+
+    assert names("") == ["agent-v2", "agent-v1"]
+    assert names("?kind=sft") == ["agent-v2"] and names("?kind=rl") == ["agent-v1"]
+    wrong = httpx.get(f"{gateway.base_url}/admin/policies/agent/versions?kind=dpo", headers=AUTH, timeout=30)
+    assert wrong.status_code in (400, 422) and "error" in wrong.json()
+    detail = httpx.get(f"{gateway.base_url}/admin/versions/agent-v2", headers=AUTH, timeout=30).json()
+    assert detail["training_run"]["kind"] == "sft"
+
+    everything = ui.get("/ui/policies/agent")
+    assert re.findall(r'data-testid="run-kind">(\w+)<', everything.text) == ["sft", "rl"]
+    distilled = ui.get("/ui/policies/agent?kind=sft")
+    assert re.findall(r'data-testid="run-kind">(\w+)<', distilled.text) == ["sft"]
+    assert 'data-poll="/ui/data/policies/agent?kind=sft"' in distilled.text, "the live refresh keeps the filter"
+    live = ui.get("/ui/data/policies/agent?kind=rl").json()["fragments"]["runs-live"]
+    assert re.findall(r'data-testid="run-kind">(\w+)<', live) == ["rl"]
 
 
 def test_a_recorded_run_is_shown_as_its_conversation_with_tool_calls_and_rewards(gateway, ui, db):

@@ -1,5 +1,6 @@
 """Where a version came from, for the admin API: its parent, whether it is in the live lineage,
-how many samples its training run took, and which versions sampled the trajectories it trained on.
+how many samples its training run took and of which kind (rl, sft), and which versions sampled
+the trajectories it trained on.
 
 With the learner training along the lineage, a version's data comes from several versions (the
 canary, the ones it superseded, the promoted one); "sampled_by" shows how off-policy a run was.
@@ -37,6 +38,7 @@ class Provenance:
     in_lineage: bool  # a candidate or the canary newer than the promoted version
     samples: int | None  # the training run's sample count (None: no run recorded)
     sampled_by: list[Sampler] = field(default_factory=list)
+    kind: str | None = None  # the training run's kind, rl or sft (None: no run recorded)
 
 
 async def provenance(
@@ -48,12 +50,16 @@ async def provenance(
     live = {v.id for v in lineage_versions(every_version)}
     runs = [v.training_run_id for v in versions if v.training_run_id is not None]
     samples: dict[uuid.UUID, int | None] = {}
+    kinds: dict[uuid.UUID, str] = {}
     counts: dict[uuid.UUID, list[Sampler]] = {}
     if runs:
         rows = await connection.execute(
-            select(training_runs.c.id, training_runs.c.samples).where(training_runs.c.id.in_(runs))
+            select(training_runs.c.id, training_runs.c.samples, training_runs.c.kind).where(
+                training_runs.c.id.in_(runs)
+            )
         )
-        samples = {row.id: row.samples for row in rows}
+        for row in rows:
+            samples[row.id], kinds[row.id] = row.samples, row.kind
         grouped = await connection.execute(
             select(trajectories.c.trained_in_run_id, trajectories.c.adapter_version_id, func.count())
             .where(trajectories.c.trained_in_run_id.in_(runs))
@@ -69,5 +75,11 @@ async def provenance(
         run = version.training_run_id
         sampled_by = sorted(counts.get(run, []) if run else [], key=lambda s: (-s.trajectories, s.name or ""))
         parent = by_id.get(version.parent_version_id) if version.parent_version_id is not None else None
-        found[version.id] = Provenance(parent, version.id in live, samples.get(run) if run else None, sampled_by)
+        found[version.id] = Provenance(
+            parent,
+            version.id in live,
+            samples.get(run) if run else None,
+            sampled_by,
+            kinds.get(run) if run else None,
+        )
     return found

@@ -85,6 +85,7 @@ class TrainingRun:
     policy: str
     status: str  # running | succeeded | failed | aborted | skipped
     trigger: str
+    kind: str  # rl (GRPO) | sft (distillation from a teacher), migration 0010
     host: str | None
     pid: int | None
     started_at: datetime

@@ -42,7 +42,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from apprentice.prices import Price, litellm_cost_map, price_from_info
+from apprentice.prices import litellm_cost_map, price_of
 from apprentice.promotion.evaluation import INSUFFICIENT, PROMOTE, REJECT, REVIEW, TIMEOUT, WAIT, Comparison
 from apprentice.settings import PolicySettings, Settings, TeacherSettings
 
@@ -61,30 +61,26 @@ class Prices:
         return prompt_tokens * self.input + completion_tokens * self.output
 
 
-def _prices(price: Price | None, source: str) -> Prices | None:
-    return None if price is None else Prices(price[0], price[1], source)
-
-
 def teacher_prices(settings: Settings, teacher: TeacherSettings) -> Prices | None:
-    """The teacher's prices: its model_list entry's model_info, else LiteLLM's cost map
-    (apprentice/prices.py, the same reading as the gateway's spend budgets)."""
-    entries = [m for m in settings.model_list if m.model_name == teacher.model]
-    for entry in entries:
-        found = _prices(price_from_info(entry.model_info), f"model_info of {teacher.model}")
-        if found is not None:
-            return found
+    """The teacher's prices: those of its first deployment that has one, by the same lookup as the
+    gateway's spend budgets (apprentice.prices.price_of: model_info, else LiteLLM's cost map)."""
     cost_map = litellm_cost_map()
-    for entry in entries:
+    for entry in settings.model_list:
+        if entry.model_name != teacher.model:
+            continue
         params = entry.litellm_params
-        for key in (params.model, params.upstream_model):
-            found = _prices(cost_map.get(key), f"litellm cost map: {key}")
-            if found is not None:
-                return found
+        found = price_of(entry.model_info, (params.model, params.upstream_model), cost_map)
+        if found is not None:
+            (per_input, per_output), source = found
+            where = f"model_info of {teacher.model}" if source == "model_info" else source
+            return Prices(per_input, per_output, where)
     return None
 
 
 def policy_prices(policy: PolicySettings) -> Prices | None:
-    return _prices(price_from_info(policy.model_info), f"model_info of {policy.name}")
+    """The policy's own prices: its model_info (its endpoints are not in any cost map)."""
+    found = price_of(policy.model_info, (), {})
+    return None if found is None else Prices(found[0][0], found[0][1], f"model_info of {policy.name}")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Partitions of the `calls` table: created ahead of time, and dropped by retention.
 
 `calls` is partitioned by RANGE on created_at (migration 0012, docs/history.md). Two jobs keep
-it that way, run by every gateway process (gateway/history.py) and by `apprentice db history`:
+it that way, run by every gateway process (gateway/history_maintenance.py) and by `apprentice db history`:
 
 - **Creation.** Partitions exist `create_ahead_days` past now, so a shipped call never waits on
   DDL. Each new partition starts where the last one ends (bounds stay contiguous even when the

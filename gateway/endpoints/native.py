@@ -41,7 +41,6 @@ from gateway.trajectories.stitching import (
     MessageKeys,
     OpenTrajectory,
     TrajectoryAssignment,
-    continuation_keys,
     new_call_id,
     new_trajectory_id,
     request_keys,
@@ -347,7 +346,3 @@ def chain_keys(tenant: str, model: str, previous_response_id: str | None) -> Mes
     parent = response_chain_key(tenant, previous_response_id) if previous_response_id else None
     root = request_keys(tenant, model, []).root_key
     return MessageKeys(request_key=root, parent_key=parent, root_key=parent or root)
-
-
-def content_continuation(keys: MessageKeys, answer_message: dict[str, Any]) -> list[bytes]:
-    return continuation_keys(keys, [answer_message])

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.trajectories.content import content_text
+
 # One message as the judge sees it: its role and the text shown (a tuple, so equal messages compare equal).
 Message = tuple[str, str]
 
@@ -29,25 +31,6 @@ class Transcript:
     label: str  # how the prompt names the trajectory ("t1", ...): short, so small judges copy it right
     trajectory_id: str
     messages: list[Message]
-
-
-def _text(content: Any) -> str:
-    """Message content as text: strings as they are, parts joined, non-text parts named."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, dict):
-                parts.append(f"[{part.get('type', 'part')}]")
-            else:
-                parts.append(str(part))
-        return "\n".join(parts)
-    return json.dumps(content, ensure_ascii=False)
 
 
 def _tool_calls(calls: Any) -> list[str]:
@@ -62,9 +45,9 @@ def _tool_calls(calls: Any) -> list[str]:
 def normalise(message: Any) -> Message:
     """One chat message -> (role, shown text), tool calls and tool results spelled out."""
     if not isinstance(message, dict):
-        return ("unknown", _text(message))
+        return ("unknown", content_text(message))
     role = str(message.get("role", "unknown"))
-    text = _text(message.get("content"))
+    text = content_text(message.get("content"))
     if role == "tool":
         role = f"tool result{' ' + str(message['name']) if message.get('name') else ''}"
     calls = _tool_calls(message.get("tool_calls"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apprentice.prices import Price, litellm_cost_map, price_from_info
+from apprentice.prices import Price, litellm_cost_map, price_of
 from apprentice.settings import ModelEntry
 
 
@@ -17,11 +17,9 @@ class Prices:
     """Per-token prices by deployment; the cost map is loaded once (`load`, off the event loop)."""
 
     def __init__(self, model_list: list[ModelEntry]) -> None:
-        self._configured: dict[tuple[str, str], Price] = {}
+        self._info: dict[tuple[str, str], dict[str, Any]] = {}
         for entry in model_list:
-            price = price_from_info(entry.model_info)
-            if price is not None:
-                self._configured.setdefault((entry.model_name, entry.litellm_params.model), price)
+            self._info.setdefault((entry.model_name, entry.litellm_params.model), entry.model_info)
         self._cost_map: dict[str, Price] = {}
 
     def load(self) -> None:
@@ -35,10 +33,9 @@ class Prices:
         litellm_model = getattr(target, "litellm_model", None)
         if litellm_model is None:  # a policy's own endpoint
             return None
-        configured = self._configured.get((target.name, litellm_model))
-        if configured is not None:
-            return configured
-        return self._cost_map.get(litellm_model) or self._cost_map.get(target.upstream_model)
+        info = self._info.get((target.name, litellm_model), {})
+        found = price_of(info, (litellm_model, target.upstream_model), self._cost_map)
+        return None if found is None else found[0]
 
     def cost(self, target: Any, prompt_tokens: int | None, completion_tokens: int | None) -> float:
         price = self.per_token(target)

@@ -57,8 +57,23 @@ _CALL_UUID = (
     "CASE WHEN {col} ~* '^[0-9a-f]{{8}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{4}}-[0-9a-f]{{12}}$' THEN {col}::uuid END"
 )
 
-# The trajectory a target names, if stored: a call by its uuid or response id (newest when
-# several calls of the tenant share one), then the root of a merged trajectory. Each lookup is
+
+def _target_trajectory(reward: str) -> str:
+    """`CROSS JOIN LATERAL (...) x`: x.tid, the trajectory the reward row `reward` (an alias with
+    tenant, target_trajectory_id and target_call) names, the one rule for resolving a target: its
+    trajectory id as given, else a call of the tenant by its uuid, else by its response id (the
+    newest when several calls of the tenant share one). Used when a reward arrives (_RESOLVE) and
+    when a pending one is retried (_PENDING_CANDIDATES)."""
+    call_uuid = _CALL_UUID.format(col=f"{reward}.target_call")
+    return f"""CROSS JOIN LATERAL (SELECT coalesce(
+    {reward}.target_trajectory_id,
+    (SELECT c.trajectory_id FROM calls c
+     WHERE c.id = {call_uuid} AND c.tenant = {reward}.tenant),
+    (SELECT c.trajectory_id FROM calls c WHERE c.response_id = {reward}.target_call AND c.tenant = {reward}.tenant
+     ORDER BY c.created_at DESC LIMIT 1)) AS tid) x"""
+
+
+# The trajectory a target names, if stored, then the root of a merged trajectory. Each lookup is
 # a probe by primary key (LATERAL ... OFFSET 0): as joins, the planner hashed the whole
 # trajectories table for a few rewards (57 ms a group at 50,000 trajectories).
 _RESOLVE_ITEMS = """
@@ -70,19 +85,7 @@ LEFT JOIN LATERAL (SELECT coalesce(t.merged_into, t.id) AS root FROM trajectorie
                    WHERE t.id = x.tid AND t.tenant = i.tenant OFFSET 0) t ON true
 LEFT JOIN LATERAL (SELECT rt.id, rt.policy FROM trajectories rt WHERE rt.id = t.root OFFSET 0) rt ON true
 """
-_RESOLVE = (
-    _RESOLVE_ITEMS
-    + """
-CROSS JOIN LATERAL (SELECT coalesce(
-    i.target_trajectory_id,
-    (SELECT c.trajectory_id FROM calls c
-     WHERE c.id = """
-    + _CALL_UUID.format(col="i.target_call")
-    + """ AND c.tenant = i.tenant),
-    (SELECT c.trajectory_id FROM calls c WHERE c.response_id = i.target_call AND c.tenant = i.tenant
-     ORDER BY c.created_at DESC LIMIT 1)) AS tid) x"""
-    + _RESOLVE_ROOT
-)
+_RESOLVE = _RESOLVE_ITEMS + _target_trajectory("i") + _RESOLVE_ROOT
 # The same when every target is a trajectory id (the common case): no mention of `calls`. A
 # query that names the partitioned `calls` is planned over, and locks, every partition and its
 # indexes (80 locks with 9 partitions, 63 of them past the 16 fast-path slots, in PostgreSQL's
@@ -240,25 +243,16 @@ MERGE_STATEMENTS = [
     _GROUPS.format(trajectories="SELECT parent FROM merges"),
 ]
 
-_PENDING_CANDIDATES = (
-    """
+_PENDING_CANDIDATES = f"""
 SELECT r.id, r.tenant, r.idempotency_key, rt.id AS root, rt.policy, r.name, r.value, r.metrics
 FROM rewards r
-CROSS JOIN LATERAL (SELECT coalesce(
-    r.target_trajectory_id,
-    (SELECT c.trajectory_id FROM calls c
-     WHERE c.id = """
-    + _CALL_UUID.format(col="r.target_call")
-    + """ AND c.tenant = r.tenant),
-    (SELECT c.trajectory_id FROM calls c WHERE c.response_id = r.target_call AND c.tenant = r.tenant
-     ORDER BY c.created_at DESC LIMIT 1)) AS tid) x
+{_target_trajectory("r")}
 JOIN trajectories t ON t.id = x.tid AND t.tenant = r.tenant
 JOIN trajectories rt ON rt.id = coalesce(t.merged_into, t.id)
 WHERE r.status = 'pending' AND (%(all)s OR r.received_at > now() - make_interval(secs => %(window_s)s))
 ORDER BY r.received_at
 LIMIT %(limit)s
 """
-)
 
 _LINK = """
 UPDATE rewards r SET trajectory_id = c.root, status = c.status, reject_reason = c.reason, linked_at = now()

@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from gateway.trajectories.content import content_text
+
 
 @dataclass
 class ToolCall:
@@ -31,27 +33,6 @@ class Turn:
     tool_call_id: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     new_context: bool = False  # the first turn of a call that did not continue the conversation
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                if part.get("type") in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
-                    parts.append(part["text"])
-                elif part.get("type") == "refusal":
-                    parts.append(f"[refusal] {part.get('refusal', '')}")
-                else:
-                    parts.append(f"[{part.get('type', 'part')}]")
-            else:
-                parts.append(str(part))
-        return "\n".join(parts)
-    return orjson.dumps(content).decode()
 
 
 def _tool_calls(message: dict[str, Any]) -> list[ToolCall]:
@@ -77,13 +58,13 @@ def _tool_calls(message: dict[str, Any]) -> list[ToolCall]:
 def _key(message: dict[str, Any]) -> tuple[Any, ...]:
     """What makes two messages the same turn (clients echo answers with small differences)."""
     calls = tuple((c.name, c.arguments) for c in _tool_calls(message))
-    return (message.get("role"), _text(message.get("content")).strip(), calls, message.get("tool_call_id"))
+    return (message.get("role"), content_text(message.get("content")).strip(), calls, message.get("tool_call_id"))
 
 
 def _turn(message: dict[str, Any], index: int) -> Turn:
     return Turn(
         role=str(message.get("role") or "unknown"),
-        text=_text(message.get("content")),
+        text=content_text(message.get("content")),
         call_index=index,
         name=message.get("name") if isinstance(message.get("name"), str) else None,
         tool_call_id=message.get("tool_call_id"),

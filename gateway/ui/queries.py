@@ -187,17 +187,23 @@ async def ancestry(engine: AsyncEngine, start: uuid.UUID, depth: int = 12) -> li
 
 
 _RUNS = """
-SELECT r.id, r.status, r.trigger, r.started_at, r.finished_at, r.mean_reward, r.loss, r.kl, r.clip_fraction,
-       r.samples, r.groups, r.trajectories, r.duration_s, r.error, v.name AS produced_name
+SELECT r.id, r.status, r.trigger, r.kind, r.started_at, r.finished_at, r.mean_reward, r.loss, r.kl,
+       r.clip_fraction, r.samples, r.groups, r.trajectories, r.duration_s, r.error, v.name AS produced_name
 FROM training_runs r
 LEFT JOIN adapter_versions v ON v.id = r.produced_version_id
 WHERE r.policy = %(policy)s AND (%(before)s::timestamptz IS NULL OR r.started_at < %(before)s)
+  AND (%(kind)s::text IS NULL OR r.kind = %(kind)s)
 ORDER BY r.started_at DESC LIMIT %(limit)s
 """
 
+RUN_KINDS = ("rl", "sft")  # training_runs.kind (migration 0010): GRPO, distillation
 
-async def runs_page(engine: AsyncEngine, policy: str, before: datetime | None) -> tuple[list[dict[str, Any]], bool]:
-    rows = await fetch(engine, _RUNS, {"policy": policy, "before": before, "limit": PAGE + 1})
+
+async def runs_page(
+    engine: AsyncEngine, policy: str, before: datetime | None, kind: str | None = None
+) -> tuple[list[dict[str, Any]], bool]:
+    """A page of the policy's training runs, newest first; `kind`: only runs of that kind."""
+    rows = await fetch(engine, _RUNS, {"policy": policy, "before": before, "kind": kind, "limit": PAGE + 1})
     return rows[:PAGE], len(rows) > PAGE
 
 

@@ -337,7 +337,8 @@ async def _policy_page(request: Request, policy: str, flash: str = "", status_co
     runs_before = _parse_time(params.get("runs_before"))
     transitions_before = _parse_int(params.get("transitions_before"))
     versions, more_versions = await queries.versions_page(state.engine, policy, versions_before)
-    runs, more_runs = await queries.runs_page(state.engine, policy, runs_before)
+    runs_kind = _run_kind(params.get("kind"))
+    runs, more_runs = await queries.runs_page(state.engine, policy, runs_before, runs_kind)
     transitions, more_transitions = await queries.transitions_page(state.engine, policy, transitions_before)
     anchor = summary.promoted or summary.lineage_head
     ancestry = await queries.ancestry(state.engine, anchor.id) if anchor is not None else []
@@ -354,6 +355,7 @@ async def _policy_page(request: Request, policy: str, flash: str = "", status_co
         "more_versions": more_versions,
         "runs": runs,
         "more_runs": more_runs,
+        "runs_kind": runs_kind,
         "transitions": transitions,
         "more_transitions": more_transitions,
         "first_page": versions_before is None and runs_before is None and transitions_before is None,
@@ -433,14 +435,15 @@ async def policy_data(request: Request, policy: str) -> Response:
     if summary is None:
         return Response(status_code=404)
     live = await _policy_live(state, summary)
-    runs, more_runs = await queries.runs_page(state.engine, policy, None)
+    runs_kind = _run_kind(request.query_params.get("kind"))
+    runs, more_runs = await queries.runs_page(state.engine, policy, None, runs_kind)
     transitions, more_transitions = await queries.transitions_page(state.engine, policy, None)
     return json_with_etag(
         request,
         {
             "fragments": {
                 "policy-live": fragment("_policy_live.html", **live),
-                "runs-live": fragment("_runs.html", runs=runs, more_runs=more_runs, policy=policy),
+                "runs-live": fragment("_runs.html", runs=runs, more_runs=more_runs, runs_kind=runs_kind, policy=policy),
                 "transitions-live": fragment(
                     "_transitions.html", transitions=transitions, more_transitions=more_transitions, policy=policy
                 ),
@@ -448,6 +451,11 @@ async def policy_data(request: Request, policy: str) -> Response:
             "charts": {"reward-chart": live["chart"]},
         },
     )
+
+
+def _run_kind(value: str | None) -> str | None:
+    """`?kind=rl|sft` on a policy's page: only training runs of that kind (anything else: all)."""
+    return value if value in queries.RUN_KINDS else None
 
 
 async def _pause(request: Request, policy: str, paused: bool) -> Response:

@@ -184,7 +184,7 @@ class GRPOTrainer:
     ) -> None:
         self.model = model
         self.config = config
-        # Given by a long-lived learner (learner/jobs/session.py), so that its moments and step
+        # Given by a long-lived learner (learner/jobs/policy_trainer.py), so that its moments and step
         # count carry over from run to run along the lineage; else a fresh AdamW per run.
         self.optimizer = optimizer
         self.start_version = start_version

@@ -1,75 +1,19 @@
 """`apprentice learner` (scheduled) and `apprentice learn --policy P` (one run, now).
 
-Imported whenever the CLI lists its commands: torch, transformers and APScheduler are imported
-inside the command bodies only.
+`learn` is defined by the one-run module (learner/jobs/one_run.py), which torchrun and a Job's
+pod start as `python -m learner.jobs.one_run`; this module, the top of learner/jobs, names it
+for the `apprentice` command. torch, transformers and APScheduler are imported inside the
+command bodies only.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import uuid
-from typing import Any
 
 import click
 
 from apprentice.commands.common import config_option, load, setup_logging
-
-
-@click.command("learn")
-@config_option
-@click.option("--policy", "policy", required=True, help="The policy to train.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
-@click.option("--trigger", default="cli", show_default=True, help="Recorded as the run's trigger.")
-@click.option(
-    "--run-id",
-    default=None,
-    help="The id of the run's training_runs row (a launcher sets it to find the row afterwards).",
-)
-@click.option("--log-level", default="info", show_default=True)
-def learn_command(
-    config_path: str | None, policy: str, progress: bool, trigger: str, run_id: str | None, log_level: str
-) -> None:
-    """Run the learner for one policy once: a candidate adapter from its rewarded trajectories (GRPO),
-    or from its teacher's answers while it is behind one. Under torchrun, every process runs this
-    command and they train together (docs/learner.md, "Several GPUs")."""
-    from learner.jobs.one_run import exit_on_sigterm, run_in_group
-
-    setup_logging(log_level)
-    exit_on_sigterm()
-    settings = load(config_path)
-    if settings.policy(policy) is None:
-        raise click.ClickException(f"no policy named {policy!r} in the configuration")
-    if run_id is not None:
-        try:
-            run_id = str(uuid.UUID(run_id))
-        except ValueError:
-            raise click.ClickException(f"--run-id {run_id!r} is not a UUID") from None
-    outcome, code = run_in_group(settings, policy, trigger=trigger, progress=progress, run_id=run_id)
-    if outcome is not None:  # rank 0 (or the only process) reports
-        click.echo(json.dumps(_summary(outcome), indent=2, default=str))
-    if code:
-        raise SystemExit(code)
-
-
-def _summary(outcome: Any) -> dict[str, Any]:
-    """What `apprentice learn` prints: the outcome and the training's main figures."""
-    summary = {
-        "status": outcome.status,
-        "policy": outcome.policy,
-        "run_id": outcome.run_id,
-        "version": outcome.version_name,
-        "path": outcome.path,
-        "error": outcome.error,
-    }
-    train = outcome.metrics.get("train") or {}
-    for key in ("optimizer_steps", "samples", "loss", "kl", "clip_fraction", "loss_tokens", "duration_s"):
-        if key in train:
-            summary[key] = train[key]
-    for key in ("groups", "ranks"):
-        if key in outcome.metrics:
-            summary[key] = outcome.metrics[key]
-    return summary
+from learner.jobs.one_run import learn_command as learn_command
 
 
 @click.command("learner")

@@ -15,11 +15,12 @@ the policy like any other. A distillation run (kind "sft") reads them back:
    model); the loss mask covers the assistant turns only, tool calls included.
 3. Training: cross-entropy on those tokens (learner/sft/trainer.py), starting from the lineage
    head, with the lineage's optimizer (PolicyTrainer): SFT and RL runs extend one lineage.
-4. Record: the same as an RL run (run.py): the adapter saved atomically, then one transaction
-   records the candidate (parent: the head), marks the trajectories it trained on with the
-   run's id, and finishes the `training_runs` row (kind "sft", metrics["distill"]: the teacher,
-   the selection and its counts). The candidate then meets the same gates, canary and records
-   as any version; its canary is compared with the teacher (apprentice/promotion/takeover.py).
+4. Record: the same as an RL run, by the same code (training_runs.py): the adapter saved
+   atomically, then one transaction records the candidate (parent: the head), marks the
+   trajectories it trained on with the run's id, and finishes the `training_runs` row (kind
+   "sft", metrics["distill"]: the teacher, the selection and its counts). The candidate then
+   meets the same gates, canary and records as any version; its canary is compared with the
+   teacher (apprentice/promotion/takeover.py).
 
 Same safety as run.py: the policy's advisory lock (one learner per policy, RL or SFT), a run
 row committed first, a NaN loss aborts, and the trainer's state is restored unless the commit
@@ -30,41 +31,29 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from apprentice.promotion import lifecycle
 from apprentice.promotion.lineage import lineage_head, promoted_version
 from apprentice.settings import DistillationSettings, PolicySettings, Settings
 from learner.grpo.grouping import group_key
-from learner.jobs.run import (
-    RunOutcome,
-    _finish_run,
-    _mark,
-    _remove_orphan_adapters,
-    _start_run,
-    adapters_dir,
-    end_failed_run,
-    learner_database_url,
-    with_policy_lock,
-)
+from learner.jobs import training_runs
+from learner.jobs.policy_trainer import PolicyTrainer, training_threads
 from learner.jobs.selection import (
-    _REWARDED,
+    REWARDED,
     Candidate,
     RewardPlan,
     Selection,
-    _without_jit,
     assign_rewards,
     build_candidate,
+    load_versions,
+    without_jit,
 )
-from learner.jobs.selection import load_versions as _load_versions
-from learner.jobs.session import PolicyTrainer, training_threads
+from learner.jobs.training_runs import RunOutcome, adapters_dir, learner_database_url, with_policy_lock
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +133,13 @@ def select_teacher_data(connection: psycopg.Connection[Any], policy: PolicySetti
     plan = RewardPlan.of(policy)
     learning = policy.learning
     with connection.transaction(), connection.cursor(row_factory=dict_row) as cursor:
-        _without_jit(cursor)  # a plan over every partition is costed high enough to JIT-compile
+        without_jit(cursor)  # a plan over every partition is costed high enough to JIT-compile
         cursor.execute("SELECT extract(epoch FROM now())::float8 AS now")
         clock = cursor.fetchone()
         assert clock is not None
         selection = Selection(now=clock["now"], source=plan.source, wait_s=plan.wait_s)
         params = {**plan.params(), "policy": policy.name, "max_age_s": learning.max_age_s}
-        cursor.execute(_REWARDED, {**params, "limit": learning.max_trajectories})
+        cursor.execute(REWARDED, {**params, "limit": learning.max_trajectories})
         trajectories = cursor.fetchall()
         cursor.execute(_TEACHER_CALLS, {"ids": [t["id"] for t in trajectories]})
         calls: dict[str, list[dict[str, Any]]] = {}
@@ -178,7 +167,16 @@ def select_teacher_data(connection: psycopg.Connection[Any], policy: PolicySetti
 
 def behind_teacher(connection: psycopg.Connection[Any], policy: PolicySettings) -> bool:
     """The policy names a teacher and none of its versions is promoted: the teacher serves it."""
-    return policy.teacher is not None and promoted_version(_load_versions(connection, policy.name)) is None
+    return policy.teacher is not None and promoted_version(load_versions(connection, policy.name)) is None
+
+
+def behind_teacher_now(policy: PolicySettings | None, database_url: str) -> bool:
+    """`behind_teacher` over a connection of its own: whether the policy's next run is a distillation
+    (what the one-run command and the scheduler ask before each run)."""
+    if policy is None or policy.teacher is None:
+        return False
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        return behind_teacher(connection, policy)
 
 
 def count_teacher_trajectories(connection: psycopg.Connection[Any], policy: PolicySettings) -> int:
@@ -230,22 +228,22 @@ def _locked_distillation(
         "teacher": teacher.model_dump(mode="json"),
         "learning": policy.learning.model_dump(mode="json"),
     }
-    run_id = _start_run(connection, policy, trigger, config, kind="sft", run_id=run_id)
+    run_id = training_runs.start(connection, policy, trigger, config, "sft", run_id)
     directory = adapters_dir(settings, policy)
     metrics: dict[str, Any] = {}
     try:
-        _remove_orphan_adapters(connection, directory, policy.name)
+        training_runs.remove_orphan_adapters(connection, directory, policy.name)
         data = select_teacher_data(connection, policy)
-        head = lineage_head(_load_versions(connection, policy.name))
+        head = lineage_head(load_versions(connection, policy.name))
         metrics["distill"] = data.metrics(teacher.model, teacher.distill)
         metrics["from_version"] = head.name if head else None
         if not data.chosen:
-            with connection.transaction():
-                _finish_run(connection, run_id, "skipped", error="no teacher trajectory selected", metrics=metrics)
-            return RunOutcome("skipped", policy.name, run_id, metrics=metrics, error="no teacher trajectory selected")
+            return training_runs.skip(
+                connection, policy.name, run_id, "no teacher trajectory selected", metrics=metrics
+            )
         return _train_and_record(connection, policy, trainer, run_id, data, head, directory, metrics, started)
     except BaseException as exc:
-        return end_failed_run(connection, "distillation run", policy.name, run_id, exc, metrics)
+        return training_runs.fail(connection, "distillation run", policy.name, run_id, exc, metrics)
 
 
 def _train_and_record(
@@ -306,9 +304,7 @@ def _train_and_record(
         fsdp = trainer.distributed is not None and trainer.distributed.strategy == "fsdp"
         metrics["optimizer_steps_total"] = result.optimizer_steps if fsdp else trainer.optimizer_steps()
         if result.optimizer_steps == 0:
-            with connection.transaction():
-                _finish_run(connection, run_id, "skipped", error="no trainable teacher sample", metrics=metrics)
-            return RunOutcome("skipped", policy.name, run_id, metrics=metrics, error="no trainable teacher sample")
+            return training_runs.skip(connection, policy.name, run_id, "no trainable teacher sample", metrics=metrics)
         trained = set(trained_ids)
         rewards = [
             float(c.member.reward)
@@ -324,9 +320,20 @@ def _train_and_record(
             "mean_reward": sum(rewards) / len(rewards) if rewards else None,
             "from_version_id": str(head.id) if head else None,
         }
-        return _save_and_record(
-            connection, policy, trainer, run_id, trained_ids, columns, head, directory, metrics, started, adapter_state
+        saved = training_runs.Trained(
+            connection,
+            policy,
+            trainer,
+            run_id,
+            directory,
+            head,
+            consumed=trained_ids,
+            columns=columns,
+            metrics=metrics,
+            started=started,
+            adapter_state=adapter_state,
         )
+        return training_runs.save_candidate(saved, "distillation run")
 
 
 def _train_sft_ranks(trainer: PolicyTrainer, head: Any, segments: list[Any], config: Any) -> tuple[Any, Any]:
@@ -347,70 +354,3 @@ def _train_sft_ranks(trainer: PolicyTrainer, head: Any, segments: list[Any], con
         raise
     training_returned(context)
     return outcome
-
-
-def _save_and_record(
-    connection: psycopg.Connection[Any],
-    policy: PolicySettings,
-    trainer: PolicyTrainer,
-    run_id: str,
-    trained_ids: list[str],
-    columns: dict[str, Any],
-    head: Any,
-    directory: Any,
-    metrics: dict[str, Any],
-    started: float,
-    adapter_state: dict[str, Any] | None = None,
-) -> RunOutcome:
-    """Save the adapter as the next version and commit the candidate with the run's end (as run.py);
-    `adapter_state`: the gathered weights when the model holds FSDP shards."""
-    import json
-
-    from learner.grpo.adapters import save_adapter
-
-    number = lifecycle.next_version_number(connection, policy.name)
-    name = f"{policy.name}-v{number}"
-    out_dir = directory / name
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    save_adapter(trainer.model, out_dir, policy.base_model, state_dict=adapter_state)
-    adapter_config = json.loads((out_dir / "adapter_config.json").read_text())
-    candidate = lifecycle.NewCandidate(
-        id=uuid.uuid4(),
-        policy=policy.name,
-        version=number,
-        name=name,
-        base_model=policy.base_model,
-        path=str(out_dir),
-        parent_version_id=head.id if head else None,
-        training_run_id=uuid.UUID(run_id),
-        rank=int(adapter_config["r"]),
-        alpha=float(adapter_config["lora_alpha"]),
-        target_modules=list(adapter_config.get("target_modules") or []),
-    )
-    metrics["duration_s"] = time.monotonic() - started
-    try:
-        with connection.transaction():
-            lifecycle.record_candidate(connection, candidate)
-            _mark(connection, run_id, trained_ids)
-            _finish_run(
-                connection,
-                run_id,
-                "succeeded",
-                columns={**columns, "produced_version_id": str(candidate.id)},
-                metrics=metrics,
-            )
-    except BaseException:
-        shutil.rmtree(out_dir, ignore_errors=True)
-        raise
-    trainer.commit(str(candidate.id))
-    log.info(
-        "policy %s: distillation run %s produced candidate %s (%d teacher trajectories, loss %s, %.1fs)",
-        policy.name,
-        run_id,
-        name,
-        len(trained_ids),
-        columns["loss"],
-        metrics["duration_s"],
-    )
-    return RunOutcome("succeeded", policy.name, run_id, str(candidate.id), name, str(out_dir), metrics=metrics)

@@ -51,8 +51,8 @@ import httpx
 import yaml
 
 from apprentice.settings import KubernetesJobSettings, PolicySettings
-from learner.jobs.launchers import one_run_arguments, record_failed_launch, run_outcome
-from learner.jobs.run import RunOutcome
+from learner.jobs.one_run import one_run_arguments
+from learner.jobs.training_runs import RunOutcome, launch_outcome, record_failed_launch
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +389,7 @@ class KubernetesLauncher:
             error=f"Job {name} ended {result} without a training run row (the policy's lock was busy, learning "
             "was paused or disabled, or the pod failed before its run began: see the pod's log)",
         )
-        outcome = run_outcome(self.url, self.policy.name, run_id, fallback)
+        outcome = launch_outcome(self.url, self.policy.name, run_id, fallback)
         try:
             self.jobs.delete(name)
         except KubernetesError as exc:  # ttlSecondsAfterFinished collects it anyway
@@ -456,4 +456,4 @@ class KubernetesLauncher:
             log.error("deleting Job %s: %s", name, exc)
             error += f" (deleting the Job failed too: {exc})"
         record_failed_launch(self.url, self.policy.name, run_id, trigger, created_at, error)
-        return run_outcome(self.url, self.policy.name, run_id, RunOutcome("failed", self.policy.name, error=error))
+        return launch_outcome(self.url, self.policy.name, run_id, RunOutcome("failed", self.policy.name, error=error))

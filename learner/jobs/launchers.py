@@ -8,11 +8,11 @@
   (learner/jobs/kubernetes.py).
 
 The last two start a fresh process per run: the model is loaded from the files of the version
-the run starts from and the optimizer starts fresh, as after a learner restart (session.py).
+the run starts from and the optimizer starts fresh, as after a learner restart (policy_trainer.py).
 Each launcher chooses the run's id and passes it with `--run-id`, waits for the run to end,
-and reads its outcome from that `training_runs` row; a run that wrote no row (the policy's lock
-was busy, learning paused or disabled, or the process died before its run began) is reported
-from what the command printed, else as failed.
+and reads its outcome from that `training_runs` row (training_runs.launch_outcome); a run that
+wrote no row (the policy's lock was busy, learning paused or disabled, or the process died
+before its run began) is reported from what the command printed, else as failed.
 """
 
 from __future__ import annotations
@@ -23,18 +23,15 @@ import os
 import subprocess
 import sys
 import uuid
-from datetime import datetime
 from typing import Any, Protocol
 
-import psycopg
-from psycopg.rows import dict_row
-
 from apprentice.settings import PolicySettings, Settings
-from learner.jobs.run import RunOutcome
+from learner.jobs.kubernetes import KubernetesLauncher
+from learner.jobs.one_run import one_run_arguments, run_policy
+from learner.jobs.policy_trainer import PolicyTrainer
+from learner.jobs.training_runs import RunOutcome, launch_outcome
 
 log = logging.getLogger(__name__)
-
-ONE_RUN_MODULE = "learner.jobs.one_run"
 
 
 class Launcher(Protocol):
@@ -43,75 +40,14 @@ class Launcher(Protocol):
         ...
 
 
-def one_run_arguments(policy: PolicySettings, trigger: str, run_id: str, config_path: str | None = None) -> list[str]:
-    """`torch.distributed.run ... -m learner.jobs.one_run ...`'s arguments (after the Python executable)."""
-    learning = policy.learning
-    rendezvous = any(arg.startswith(("--rdzv", "--nnodes", "--master")) for arg in learning.torchrun_args)
-    args = ["-m", "torch.distributed.run", *([] if rendezvous else ["--standalone"])]
-    args += ["--nproc-per-node", str(learning.processes), *learning.torchrun_args]
-    args += ["-m", ONE_RUN_MODULE, "--policy", policy.name, "--trigger", trigger, "--run-id", run_id, "--no-progress"]
-    if config_path:
-        args += ["--config", config_path]
-    return args
-
-
-def run_outcome(database_url: str, policy: str, run_id: str, fallback: RunOutcome) -> RunOutcome:
-    """The outcome recorded in run `run_id`'s row (and its candidate's name and path); `fallback`
-    when the run wrote no row."""
-    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as connection:
-        row = connection.execute(
-            "SELECT r.status, r.error, r.metrics, v.id::text AS version_id, v.name, v.path "
-            "FROM training_runs r LEFT JOIN adapter_versions v ON v.id = r.produced_version_id "
-            "WHERE r.id = %s",
-            (run_id,),
-        ).fetchone()
-    if row is None:
-        return fallback
-    status = row["status"]
-    if status == "running":  # the process ended without closing its row: it died
-        status = "failed"
-    return RunOutcome(
-        status,
-        policy,
-        run_id,
-        row["version_id"],
-        row["name"],
-        row["path"],
-        error=row["error"] or fallback.error if status == "failed" else row["error"],
-        metrics=row["metrics"] or {},
-    )
-
-
-def record_failed_launch(
-    database_url: str, policy: str, run_id: str, trigger: str, started_at: datetime, error: str
-) -> None:
-    """End run `run_id` as failed with `error` when its process never ended it: the row is written
-    when the run never began (a pod that never started), else closed if still `running` (a run
-    the launcher gave up waiting for). A row the run already closed is left as it is."""
-    with psycopg.connect(database_url, autocommit=True) as connection:
-        connection.execute(
-            "INSERT INTO training_runs (id, policy, status, trigger, started_at, finished_at, duration_s, error) "
-            "VALUES (%(id)s, %(policy)s, 'failed', %(trigger)s, %(started)s, now(), "
-            "extract(epoch FROM now() - %(started)s), %(error)s) "
-            "ON CONFLICT (id) DO UPDATE SET status = 'failed', finished_at = now(), error = EXCLUDED.error, "
-            "duration_s = extract(epoch FROM now() - training_runs.started_at) "
-            "WHERE training_runs.status = 'running'",
-            {"id": run_id, "policy": policy, "trigger": trigger, "started": started_at, "error": error},
-        )
-
-
 class InProcessLauncher:
     """The run in this process, with the policy's long-lived trainer."""
 
     def __init__(self, settings: Settings, policy: PolicySettings, database_url: str) -> None:
-        from learner.jobs.session import PolicyTrainer
-
         self.settings, self.policy, self.url = settings, policy, database_url
         self.trainer = PolicyTrainer(policy)
 
     def launch(self, trigger: str) -> RunOutcome:
-        from learner.jobs.one_run import run_policy
-
         return run_policy(self.settings, self.policy.name, trigger=trigger, database_url=self.url, trainer=self.trainer)
 
 
@@ -141,7 +77,7 @@ class TorchrunLauncher:
             printed.get("run_id"),
             error=printed.get("error") or (f"torchrun exited with {done.returncode}" if done.returncode else None),
         )
-        return run_outcome(self.url, self.policy.name, run_id, fallback)
+        return launch_outcome(self.url, self.policy.name, run_id, fallback)
 
 
 def _last_json(text: str) -> dict[str, Any]:
@@ -163,7 +99,5 @@ def launcher_for(settings: Settings, policy: PolicySettings, database_url: str) 
     if kind == "torchrun":
         return TorchrunLauncher(policy, database_url)
     if kind == "kubernetes":
-        from learner.jobs.kubernetes import KubernetesLauncher
-
         return KubernetesLauncher(policy, database_url)
     return InProcessLauncher(settings, policy, database_url)

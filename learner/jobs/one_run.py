@@ -1,6 +1,7 @@
 """One training run of one policy, chosen as the scheduler chooses it; the command every launcher runs.
 
     apprentice learn --policy P [--trigger T] [--run-id UUID]
+    python -m learner.jobs.one_run --policy P ...                         (the same)
     torchrun --nproc-per-node N -m learner.jobs.one_run --policy P ...   (the same, on N processes)
 
 A policy behind its teacher (a teacher named, no promoted version) gets a distillation run, any
@@ -8,60 +9,96 @@ other an RL run. Started by torchrun (WORLD_SIZE > 1), the process joins the gro
 (learner/distributed/context.py): rank 0 runs the run, the other ranks train their shares
 (learner/jobs/ranks.py), and every rank exits with the same status: 0 for a run that succeeded,
 was skipped, or did not start (lock busy, paused, disabled), 1 for a failed or aborted run.
+
+SIGTERM (torchrun stopping its group, a Job's deadline, an operator) ends the run as failed on
+its row and the process with status 143, whatever it was doing (`StopRequest`):
+- the handler raises `Terminated` in the main thread, so the run unwinds like any interrupt and
+  closes its own row (training_runs.fail) and restores its trainer;
+- the exception can land anywhere, inside `import torch` too. Importing torch again after an
+  interrupted import crashes the interpreter (SIGSEGV), and so can its teardown with torch's
+  threads running: nothing on the way out imports anything, and the process ends with
+  `os._exit(143)` once the run's row is closed, instead of tearing the interpreter down;
+- where the run could not close its row (the signal landed before its `try`, or in the middle
+  of a query on its connection), the command closes it over a new connection before exiting;
+  where a library turned the interrupt into another error (an import interrupted halfway fails
+  later with a ModuleNotFoundError), the row is failed either way and is made to say SIGTERM.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
+import sys
+import uuid
 from types import FrameType
+from typing import Any, NoReturn
 
-import psycopg
+import click
 
-from apprentice.settings import Settings
-from learner.jobs.run import RunOutcome, learner_database_url, run_once
-from learner.jobs.session import PolicyTrainer
+from apprentice.commands.common import config_option, load, setup_logging
+from apprentice.settings import PolicySettings, Settings
+from learner.jobs import training_runs
+from learner.jobs.distill import behind_teacher_now, run_distillation
+from learner.jobs.policy_trainer import PolicyTrainer
+from learner.jobs.run import run_once
+from learner.jobs.training_runs import RunOutcome, learner_database_url
 
 log = logging.getLogger(__name__)
 
 FAILED = frozenset({"failed", "aborted"})
+MODULE = "learner.jobs.one_run"
+SIGTERM_STATUS = 128 + signal.SIGTERM  # 143, what a shell reports for a process SIGTERM ended
 
 
 class Terminated(SystemExit):
     """SIGTERM arrived (torchrun stopping its group, a Job's deadline, an operator's scheduler).
 
     Raised in the run like any interrupt, so the run's row is closed as failed with this message
-    (learner/jobs/run.py end_failed_run) instead of staying `running` until the next run."""
+    (training_runs.fail) instead of staying `running` until the next run."""
 
     def __init__(self) -> None:
-        super().__init__(143)
+        super().__init__(SIGTERM_STATUS)
 
     def __str__(self) -> str:
         return "stopped by SIGTERM before the run finished"
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise Terminated()
+class StopRequest:
+    """Whether SIGTERM arrived. The first one raises `Terminated`; later ones are ignored, so that
+    the way out (closing the row) is not itself interrupted."""
+
+    requested = False
+
+    @classmethod
+    def handle(cls, signum: int, frame: FrameType | None) -> None:
+        if cls.requested:
+            return
+        cls.requested = True
+        raise Terminated()
 
 
 def exit_on_sigterm() -> None:
     """SIGTERM raises Terminated in the main thread (the default would end the process at once)."""
-    signal.signal(signal.SIGTERM, _terminate)
+    StopRequest.requested = False
+    signal.signal(signal.SIGTERM, StopRequest.handle)
 
 
 def exit_code(outcome: RunOutcome) -> int:
     return 1 if outcome.status in FAILED else 0
 
 
-def behind_teacher_now(settings: Settings, policy_name: str, database_url: str) -> bool:
-    """The policy names a teacher and has no promoted version: its run is a distillation."""
-    from learner.jobs.distill import behind_teacher
-
-    policy = settings.policy(policy_name)
-    if policy is None or policy.teacher is None:
-        return False
-    with psycopg.connect(database_url, autocommit=True) as connection:
-        return behind_teacher(connection, policy)
+def one_run_arguments(policy: PolicySettings, trigger: str, run_id: str, config_path: str | None = None) -> list[str]:
+    """`torch.distributed.run ... -m learner.jobs.one_run ...`'s arguments (after the Python executable)."""
+    learning = policy.learning
+    rendezvous = any(arg.startswith(("--rdzv", "--nnodes", "--master")) for arg in learning.torchrun_args)
+    args = ["-m", "torch.distributed.run", *([] if rendezvous else ["--standalone"])]
+    args += ["--nproc-per-node", str(learning.processes), *learning.torchrun_args]
+    args += ["-m", MODULE, "--policy", policy.name, "--trigger", trigger, "--run-id", run_id, "--no-progress"]
+    if config_path:
+        args += ["--config", config_path]
+    return args
 
 
 def run_policy(
@@ -76,9 +113,7 @@ def run_policy(
 ) -> RunOutcome:
     """One run of `policy_name` in this process: distillation when behind its teacher, else RL."""
     url = learner_database_url(settings, database_url)
-    if behind_teacher_now(settings, policy_name, url):
-        from learner.jobs.distill import run_distillation
-
+    if behind_teacher_now(settings.policy(policy_name), url):
         return run_distillation(
             settings, policy_name, trigger=trigger, database_url=url, trainer=trainer, run_id=run_id
         )
@@ -127,10 +162,85 @@ def run_in_group(
         context.close()
 
 
+def exit_stopped(settings: Settings, run_id: str) -> NoReturn:
+    """The way out after SIGTERM: close the run's row if it is still `running` (rank 0 or a lone
+    process; the other ranks of a group write no row), flush the logs, end the process without
+    tearing the interpreter down (see the module docstring). Never returns."""
+    if os.environ.get("RANK", "0") == "0":
+        try:
+            if training_runs.close_stopped(learner_database_url(settings), run_id, f"Terminated: {Terminated()}"):
+                log.error("run %s: stopped by SIGTERM; its row says so", run_id)
+        except Exception:
+            log.exception("run %s: stopped by SIGTERM, and its row could not be closed (the next run will)", run_id)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(SIGTERM_STATUS)
+
+
+@click.command("learn")
+@config_option
+@click.option("--policy", "policy", required=True, help="The policy to train.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@click.option("--trigger", default="cli", show_default=True, help="Recorded as the run's trigger.")
+@click.option(
+    "--run-id",
+    default=None,
+    help="The id of the run's training_runs row (a launcher sets it to find the row afterwards).",
+)
+@click.option("--log-level", default="info", show_default=True)
+def learn_command(
+    config_path: str | None, policy: str, progress: bool, trigger: str, run_id: str | None, log_level: str
+) -> None:
+    """Run the learner for one policy once: a candidate adapter from its rewarded trajectories (GRPO),
+    or from its teacher's answers while it is behind one. Under torchrun, every process runs this
+    command and they train together (docs/learner.md, "Several GPUs")."""
+    setup_logging(log_level)
+    exit_on_sigterm()
+    settings = load(config_path)
+    if settings.policy(policy) is None:
+        raise click.ClickException(f"no policy named {policy!r} in the configuration")
+    try:
+        run_id = str(uuid.UUID(run_id)) if run_id is not None else str(uuid.uuid4())
+    except ValueError:
+        raise click.ClickException(f"--run-id {run_id!r} is not a UUID") from None
+    try:
+        outcome, code = run_in_group(settings, policy, trigger=trigger, progress=progress, run_id=run_id)
+    except BaseException:
+        if not StopRequest.requested:
+            raise
+        exit_stopped(settings, run_id)
+    if StopRequest.requested:  # the run ended (or swallowed the interrupt) as the signal came
+        exit_stopped(settings, run_id)
+    if outcome is not None:  # rank 0 (or the only process) reports
+        click.echo(json.dumps(_summary(outcome), indent=2, default=str))
+    if code:
+        raise SystemExit(code)
+
+
+def _summary(outcome: RunOutcome) -> dict[str, Any]:
+    """What `apprentice learn` prints: the outcome and the training's main figures."""
+    summary = {
+        "status": outcome.status,
+        "policy": outcome.policy,
+        "run_id": outcome.run_id,
+        "version": outcome.version_name,
+        "path": outcome.path,
+        "error": outcome.error,
+    }
+    train = outcome.metrics.get("train") or {}
+    for key in ("optimizer_steps", "samples", "loss", "kl", "clip_fraction", "loss_tokens", "duration_s"):
+        if key in train:
+            summary[key] = train[key]
+    for key in ("groups", "ranks"):
+        if key in outcome.metrics:
+            summary[key] = outcome.metrics[key]
+    return summary
+
+
 def main() -> None:
     """`python -m learner.jobs.one_run`: `apprentice learn` (what torchrun and the Job's pod start)."""
-    from learner.jobs.cli import learn_command
-
     learn_command(prog_name="apprentice learn")
 
 

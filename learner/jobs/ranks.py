@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from apprentice.settings import PolicySettings
 from learner.distributed.context import DistributedContext
-from learner.jobs.session import PolicyTrainer, training_threads
+from learner.jobs.policy_trainer import PolicyTrainer, training_threads
 
 if TYPE_CHECKING:
     from apprentice.promotion.rows import AdapterVersion

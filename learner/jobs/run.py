@@ -4,23 +4,26 @@ A run continues the training lineage (apprentice.promotion.lineage): it trains f
 head -- the newest candidate or canary above the promoted version, else the promoted version,
 else the base model -- and its candidate records the head as parent_version_id. It trains only
 on data the head or its ancestors at most `max_staleness` versions back sampled (selection.py).
-The model, the lineage's LoRA and its optimizer live in a `PolicyTrainer` (session.py) that a
+The model, the lineage's LoRA and its optimizer live in a `PolicyTrainer` (policy_trainer.py) that a
 long-lived learner keeps between runs; `run_once` without one makes a one-off trainer.
 
-Safety, in the order things happen:
+Safety, in the order things happen (the bookkeeping is training_runs.py's, shared with
+distillation):
 - One learner per policy at a time, across machines: a session-level PostgreSQL advisory lock
-  keyed by the policy, held on the run's connection. A run that cannot take it returns "busy"
-  at once. The lock goes away with the connection, so a killed learner never leaves it held.
-- A `training_runs` row is written (status running) and committed first: it is the record of
-  the attempt even if the process dies. Holding the lock proves that any older "running" row
-  of the policy belongs to a dead run; those are marked failed ("interrupted").
+  keyed by the policy, held on the run's connection (`training_runs.with_policy_lock`). A run
+  that cannot take it returns "busy" at once. The lock goes away with the connection, so a
+  killed learner never leaves it held.
+- A `training_runs` row is written (status running, kind "rl") and committed first: it is the
+  record of the attempt even if the process dies. Holding the lock proves that any older
+  "running" row of the policy belongs to a dead run; those are marked failed ("interrupted").
 - Adapter files are written atomically under a temporary name (adapters.save_adapter).
 - Then ONE transaction records the candidate through the lifecycle (`lifecycle.record_candidate`:
   the `adapter_versions` row, status candidate, and its `adapter_transitions` row, NULL ->
-  candidate, actor "auto"), marks the trajectories it used
-  (and the groups it set aside for carrying no signal) with `trained_in_run_id`, and finishes
-  the run row. Killed before that commit, nothing is marked and the next run retries the same
-  data; the next run also deletes adapter directories that no version row refers to.
+  candidate, actor "auto"), marks the trajectories it used (and the groups it set aside for
+  carrying no signal) with `trained_in_run_id`, and finishes the run row
+  (`training_runs.save_candidate`). Killed before that commit, nothing is marked and the next
+  run retries the same data; the next run also deletes adapter directories that no version row
+  refers to.
 - A NaN or infinite loss (or gradient) aborts the run: status "aborted", no candidate,
   nothing marked.
 - Whatever ends a run without its commit (a NaN, an error, a kill of the transaction), the
@@ -30,29 +33,21 @@ Safety, in the order things happen:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
-import shutil
-import socket
-import subprocess
 import time
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from apprentice.promotion import lifecycle
 from apprentice.settings import PolicySettings, Settings
 from learner.grpo.advantages import AdvantageKind, family_advantages, group_advantages, leave_one_out_baseline
 from learner.grpo.grouping import Group, Grouping, Member, family_key, make_groups
+from learner.jobs import training_runs
+from learner.jobs.policy_trainer import PolicyTrainer, training_threads
 from learner.jobs.selection import Selection, select
-from learner.jobs.session import PolicyTrainer, training_threads
+from learner.jobs.training_runs import RunOutcome, adapters_dir, learner_database_url, with_policy_lock
 
 if TYPE_CHECKING:  # imported by the functions that train: they pull in torch
     from apprentice.promotion.rows import AdapterVersion
@@ -60,152 +55,6 @@ if TYPE_CHECKING:  # imported by the functions that train: they pull in torch
     from learner.grpo.trainer import TrainResult, TrainSample
 
 log = logging.getLogger(__name__)
-
-LOCK_CLASS = 0x4150_4C4E  # "APLN": the learner's advisory-lock namespace
-_SOURCE_DIRS = ("learner/grpo", "learner/jobs")
-
-
-@dataclass
-class RunOutcome:
-    """What a run did. status: succeeded | skipped | aborted | failed | busy | paused | disabled."""
-
-    status: str
-    policy: str
-    run_id: str | None = None
-    version_id: str | None = None
-    version_name: str | None = None
-    path: str | None = None
-    error: str | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-
-def lock_key(policy: str) -> int:
-    """The advisory lock's second key: a stable 32-bit hash of the policy name."""
-    return int.from_bytes(hashlib.blake2b(policy.encode(), digest_size=4).digest(), "big", signed=True)
-
-
-def code_version() -> str:
-    """The git commit (with +dirty) when run from a checkout, and a hash of the learner's sources."""
-    root = Path(__file__).resolve().parents[2]
-    digest = hashlib.sha256()
-    for directory in _SOURCE_DIRS:
-        for path in sorted((root / directory).glob("*.py")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    source = digest.hexdigest()[:12]
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", *_SOURCE_DIRS],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        return f"git:{commit}{'+dirty' if dirty else ''} src:{source}"
-    except (OSError, subprocess.SubprocessError):
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return f"apprentice {version('apprentice')} src:{source}"
-        except PackageNotFoundError:
-            return f"src:{source}"
-
-
-def adapters_dir(settings: Settings, policy: PolicySettings) -> Path:
-    return Path(policy.learning.adapters_dir or Path(settings.data_dir) / "adapters" / policy.name).resolve()
-
-
-def learner_database_url(settings: Settings, database_url: str | None = None) -> str:
-    """The libpq URL a learner connects with: the one given, the configured one, or the embedded server's."""
-    from apprentice.store.engine import ensure_database_url, libpq_url
-
-    # ensure_database_url exports the URL to the environment (for gateway workers); a learner
-    # given its database needs no such side effect.
-    url = database_url or settings.database_url or ensure_database_url(None, Path(settings.data_dir))
-    return libpq_url(url)
-
-
-# ------------------------------------------------------------------ run bookkeeping
-
-
-def _start_run(
-    connection: psycopg.Connection[Any],
-    policy: PolicySettings,
-    trigger: str,
-    config: dict[str, Any],
-    kind: str = "rl",
-    run_id: str | None = None,
-) -> str:
-    """Write the run's row (status running); `run_id`: the id a launcher chose, to find the row after."""
-    run_id = run_id or str(uuid.uuid4())
-    with connection.transaction():
-        connection.execute(
-            "UPDATE training_runs SET status = 'failed', finished_at = now(), "
-            "error = 'interrupted: the learner ended before finishing this run' "
-            "WHERE policy = %s AND status = 'running'",
-            (policy.name,),
-        )
-        connection.execute(
-            "INSERT INTO training_runs (id, policy, status, trigger, kind, host, pid, code_version, config) "
-            "VALUES (%s, %s, 'running', %s, %s, %s, %s, %s, %s)",
-            (run_id, policy.name, trigger, kind, socket.gethostname(), os.getpid(), code_version(), Jsonb(config)),
-        )
-    return run_id
-
-
-def _finish_run(
-    connection: psycopg.Connection[Any],
-    run_id: str,
-    status: str,
-    *,
-    error: str | None = None,
-    columns: dict[str, Any] | None = None,
-    metrics: dict[str, Any] | None = None,
-) -> None:
-    columns = dict(columns or {})
-    assignments = ", ".join(f"{name} = %({name})s" for name in columns)
-    connection.execute(
-        f"UPDATE training_runs SET status = %(status)s, finished_at = now(), error = %(error)s, "
-        f"duration_s = extract(epoch FROM now() - started_at), metrics = %(metrics)s"
-        f"{', ' + assignments if assignments else ''} WHERE id = %(id)s",
-        {**columns, "status": status, "error": error, "metrics": Jsonb(_jsonable(metrics or {})), "id": run_id},
-    )
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
-
-
-def _mark(connection: psycopg.Connection[Any], run_id: str, trajectory_ids: list[str]) -> int:
-    if not trajectory_ids:
-        return 0
-    cursor = connection.execute(
-        "UPDATE trajectories SET trained_in_run_id = %s WHERE id = ANY(%s::uuid[]) AND trained_in_run_id IS NULL",
-        (run_id, trajectory_ids),
-    )
-    return cursor.rowcount
-
-
-def _remove_orphan_adapters(connection: psycopg.Connection[Any], directory: Path, policy: str) -> None:
-    """This policy's adapter directories that no version row refers to: left by killed runs.
-
-    Only names this policy's runs write (`<policy>-v<n>` and their temporary siblings) are
-    touched, so a directory shared with other policies or other files is safe.
-    """
-    from learner.grpo.adapters import TMP_PREFIX
-
-    if not directory.is_dir():
-        return
-    known = {Path(r[0]).resolve() for r in connection.execute("SELECT path FROM adapter_versions").fetchall()}
-    prefix = f"{policy}-v"
-    for entry in directory.iterdir():
-        ours = entry.name.startswith(prefix) or entry.name.startswith(TMP_PREFIX + prefix)
-        if ours and entry.is_dir() and entry.resolve() not in known:
-            log.info("removing adapter directory %s: no version refers to it (interrupted run)", entry)
-            shutil.rmtree(entry, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ the run
@@ -330,64 +179,6 @@ def run_once(
     )
 
 
-def with_policy_lock(
-    url: str, policy_name: str, locked_run: Callable[[psycopg.Connection[Any]], RunOutcome]
-) -> RunOutcome:
-    """Run `locked_run` holding the policy's advisory lock, unless another learner holds it or
-    learning is paused. Every kind of run (RL, distillation) goes through here, so each one that
-    loses its database connection says so on its row and returns `failed` instead of raising
-    from the unlock on the dead connection (the lost connection took the lock with it)."""
-    with psycopg.connect(url, autocommit=True) as connection:
-        locked = connection.execute(
-            "SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(policy_name))
-        ).fetchone()
-        if locked is None or not locked[0]:
-            return RunOutcome("busy", policy_name, error="another learner holds this policy's lock")
-        try:
-            paused = connection.execute(
-                "SELECT learning_paused FROM policy_state WHERE policy = %s", (policy_name,)
-            ).fetchone()
-            if paused and paused[0]:
-                return RunOutcome("paused", policy_name)
-            outcome = locked_run(connection)
-            if connection.broken and outcome.run_id is not None:
-                _record_lost_connection(url, outcome)
-            return outcome
-        finally:
-            if not connection.broken:  # a lost connection took the lock with it
-                connection.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(policy_name)))
-
-
-def _record_lost_connection(url: str, outcome: RunOutcome, attempts: int = 5, delay_s: float = 2.0) -> None:
-    """The run's connection died (PostgreSQL restarted, the network broke): its final transaction
-    rolled back, so no version row exists and no trajectory is marked. Say so on the run's row over
-    a new connection, retried for a while; if the database stays away, the log says it and the
-    next run closes the row as interrupted."""
-    outcome.error = (
-        f"database connection lost: {outcome.error}; nothing was committed (no version, no trajectory "
-        "marked trained), the next run retries"
-    )
-    for attempt in range(1, attempts + 1):
-        try:
-            with psycopg.connect(url, autocommit=True, connect_timeout=5) as connection:
-                connection.execute(
-                    "UPDATE training_runs SET status = 'failed', finished_at = now(), error = %s, "
-                    "duration_s = extract(epoch FROM now() - started_at) WHERE id = %s AND status = 'running'",
-                    (outcome.error, outcome.run_id),
-                )
-            log.error("learner run %s for %s failed: %s", outcome.run_id, outcome.policy, outcome.error)
-            return
-        except psycopg.Error as exc:
-            log.warning("run %s: recording its end, attempt %d of %d: %s", outcome.run_id, attempt, attempts, exc)
-            time.sleep(delay_s)
-    log.error(
-        "learner run %s for %s failed and the database stayed away: %s (the next run marks it interrupted)",
-        outcome.run_id,
-        outcome.policy,
-        outcome.error,
-    )
-
-
 @dataclass
 class RunContext:
     """What a locked run has gathered by the time it trains: its records, its data, where it writes."""
@@ -425,10 +216,15 @@ class RunContext:
 
     def skip(self, reason: str, columns: dict[str, Any]) -> RunOutcome:
         """Finish the run as skipped; the set-aside groups are consumed, nothing else is marked."""
-        with self.connection.transaction():
-            _mark(self.connection, self.run_id, self.set_aside)
-            _finish_run(self.connection, self.run_id, "skipped", error=reason, columns=columns, metrics=self.metrics)
-        return RunOutcome("skipped", self.policy.name, self.run_id, metrics=self.metrics, error=reason)
+        return training_runs.skip(
+            self.connection,
+            self.policy.name,
+            self.run_id,
+            reason,
+            metrics=self.metrics,
+            columns=columns,
+            consumed=self.set_aside,
+        )
 
 
 def _locked_run(
@@ -443,11 +239,11 @@ def _locked_run(
     learning = policy.learning
     started = time.monotonic()
     config = {"policy": policy.name, "base_model": policy.base_model, "learning": learning.model_dump(mode="json")}
-    run_id = _start_run(connection, policy, trigger, config, run_id=run_id)
+    run_id = training_runs.start(connection, policy, trigger, config, "rl", run_id)
     directory = adapters_dir(settings, policy)
     metrics: dict[str, Any] = {}
     try:
-        _remove_orphan_adapters(connection, directory, policy.name)
+        training_runs.remove_orphan_adapters(connection, directory, policy.name)
         selection = select(connection, policy)
         grouping = make_groups(
             selection.members, learning.min_group_size, selection.now, selection.wait_s, selection.may_pool
@@ -467,30 +263,7 @@ def _locked_run(
             return run.skip("no group with a learning signal", {**run.group_counts, "groups": 0, "trajectories": 0})
         return _train_and_record(run)
     except BaseException as exc:
-        return end_failed_run(connection, "learner run", policy.name, run_id, exc, metrics)
-
-
-def end_failed_run(
-    connection: psycopg.Connection[Any],
-    kind: str,
-    policy_name: str,
-    run_id: str,
-    exc: BaseException,
-    metrics: dict[str, Any],
-) -> RunOutcome:
-    """Record a run that raised as `aborted` (a non-finite loss) or `failed`, and say so; an
-    interrupt (KeyboardInterrupt, SystemExit) is recorded and raised again."""
-    from learner.grpo.trainer import NonFiniteLoss
-
-    status = "aborted" if isinstance(exc, NonFiniteLoss) else "failed"
-    log.exception("%s %s for %s %s", kind, run_id, policy_name, status)
-    try:
-        _finish_run(connection, run_id, status, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
-    except psycopg.Error:
-        log.exception("could not record the end of run %s", run_id)
-    if not isinstance(exc, Exception):
-        raise exc
-    return RunOutcome(status, policy_name, run_id, error=f"{type(exc).__name__}: {exc}", metrics=metrics)
+        return training_runs.fail(connection, "learner run", policy.name, run_id, exc, metrics)
 
 
 def _train_and_record(run: RunContext) -> RunOutcome:
@@ -532,7 +305,20 @@ def _train_and_record(run: RunContext) -> RunOutcome:
         columns = _result_columns(run, samples, trained_ids, result, head)
         if result.optimizer_steps == 0:
             return run.skip("no trainable sample", columns)
-        return _save_and_record(run, trained_ids, columns, head)
+        saved = training_runs.Trained(
+            run.connection,
+            run.policy,
+            trainer,
+            run.run_id,
+            run.directory,
+            head,
+            consumed=trained_ids + run.set_aside,
+            columns=columns,
+            metrics=run.metrics,
+            started=run.started,
+            adapter_state=run.adapter_state,
+        )
+        return training_runs.save_candidate(saved, "learner run")
 
 
 def _train(run: RunContext, samples: list[TrainSample], head: AdapterVersion | None, *, fresh: bool) -> TrainResult:
@@ -620,60 +406,3 @@ def _result_columns(
         "mean_advantage": sum(abs(s.advantage) for s in samples) / len(samples) if samples else None,
         "from_version_id": str(head.id) if head else None,
     }
-
-
-def _save_and_record(
-    run: RunContext, trained_ids: list[str], columns: dict[str, Any], head: AdapterVersion | None
-) -> RunOutcome:
-    """Save the adapter under the next version's name, then commit the candidate (child of the head)
-    with the run's end; the trainer then holds the new version."""
-    from learner.grpo.adapters import save_adapter
-
-    policy = run.policy
-    number = lifecycle.next_version_number(run.connection, policy.name)
-    name = f"{policy.name}-v{number}"
-    out_dir = run.directory / name
-    if out_dir.exists():  # an orphan of a killed run (version rows always get a fresh number)
-        shutil.rmtree(out_dir)
-    save_adapter(run.trainer.model, out_dir, policy.base_model, state_dict=run.adapter_state)
-    config = json.loads((out_dir / "adapter_config.json").read_text())
-    candidate = lifecycle.NewCandidate(
-        id=uuid.uuid4(),
-        policy=policy.name,
-        version=number,
-        name=name,
-        base_model=policy.base_model,
-        path=str(out_dir),
-        parent_version_id=head.id if head else None,
-        training_run_id=uuid.UUID(run.run_id),
-        rank=int(config["r"]),
-        alpha=float(config["lora_alpha"]),
-        target_modules=list(config.get("target_modules") or []),
-    )
-    run.metrics["duration_s"] = time.monotonic() - run.started
-    try:
-        with run.connection.transaction():
-            lifecycle.record_candidate(run.connection, candidate)
-            _mark(run.connection, run.run_id, trained_ids + run.set_aside)
-            _finish_run(
-                run.connection,
-                run.run_id,
-                "succeeded",
-                columns={**columns, "produced_version_id": str(candidate.id)},
-                metrics=run.metrics,
-            )
-    except BaseException:
-        shutil.rmtree(out_dir, ignore_errors=True)
-        raise
-    run.trainer.commit(str(candidate.id))
-    log.info(
-        "policy %s: run %s produced candidate %s (%d trajectories, %d groups, loss %.4f, %.1fs)",
-        policy.name,
-        run.run_id,
-        name,
-        len(trained_ids),
-        columns["groups"],
-        columns["loss"],
-        run.metrics["duration_s"],
-    )
-    return RunOutcome("succeeded", policy.name, run.run_id, str(candidate.id), name, str(out_dir), metrics=run.metrics)

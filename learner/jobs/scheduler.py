@@ -8,7 +8,7 @@ Per policy, from `policies[].learning`:
   back, while each run produces a candidate and at least that many new groups still wait (a run
   that produced nothing waits for the next poll: the same data would not do better at once).
 Each policy's runs start as `learning.launcher` says (learner/jobs/launchers.py). In process
-(the default), a policy has one long-lived `PolicyTrainer` (session.py): its base model, the
+(the default), a policy has one long-lived `PolicyTrainer` (policy_trainer.py): its base model, the
 lineage's LoRA and its optimizer stay in memory from run to run, so a run costs its new data,
 not a model load, and consecutive runs continue one optimization. Under `torchrun` or
 `kubernetes` each run is a fresh group of processes (one per GPU) that loads the version it
@@ -39,10 +39,11 @@ from typing import Any
 import psycopg
 
 from apprentice.settings import PolicySettings, Settings
+from learner.jobs.distill import behind_teacher_now, count_teacher_trajectories
 from learner.jobs.launchers import InProcessLauncher, launcher_for
-from learner.jobs.run import RunOutcome, learner_database_url
+from learner.jobs.policy_trainer import PolicyTrainer
 from learner.jobs.selection import count_new_groups
-from learner.jobs.session import PolicyTrainer
+from learner.jobs.training_runs import RunOutcome, learner_database_url
 
 log = logging.getLogger(__name__)
 
@@ -101,16 +102,6 @@ class Learner:
         )
         return outcome
 
-    def _behind_teacher(self, name: str) -> bool:
-        """The policy names a teacher and has no promoted version: it distils instead of RL."""
-        from learner.jobs.distill import behind_teacher
-
-        policy = self.settings.policy(name)
-        if policy is None or policy.teacher is None:
-            return False
-        with psycopg.connect(self.url, autocommit=True) as connection:
-            return behind_teacher(connection, policy)
-
     def promote(self, policies: list[str] | None = None) -> Any:
         """One pass of the promotion job; its failures are logged, never raised into the scheduler."""
         from apprentice.promotion.service import run_promotion_tick
@@ -132,9 +123,7 @@ class Learner:
             return None
         outcome = None
         while True:
-            if self._behind_teacher(policy.name):
-                from learner.jobs.distill import count_teacher_trajectories
-
+            if behind_teacher_now(policy, self.url):
                 assert policy.teacher is not None
                 with psycopg.connect(self.url, autocommit=True) as connection:
                     waiting = count_teacher_trajectories(connection, policy)

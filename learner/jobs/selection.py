@@ -77,7 +77,7 @@ t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL 
 
 # Each trajectory with its current webhook reward and judge score (NULL: none, or not read:
 # a NULL name matches no row); a trajectory with neither is not rewarded.
-_REWARDED = f"""
+REWARDED = f"""
 SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at)::float8 AS last_call_at,
        t.task_family, w.value AS webhook, j.value AS judge, j.judgement_id::text AS judgement
 FROM trajectories t
@@ -380,7 +380,7 @@ def assign_rewards(selection: Selection) -> None:
             del selection.group_sources[key]  # its members now train in their judgements' groups
 
 
-def _without_jit(cursor: psycopg.Cursor[Any]) -> None:
+def without_jit(cursor: psycopg.Cursor[Any]) -> None:
     """No JIT for the rest of the transaction. calls is partitioned (docs/history.md): a plan over
     every partition is costed before run-time pruning, high enough to trigger JIT, which then
     spent 7 s compiling a run's selection that executes in 0.1 s (bench/history_scale.py)."""
@@ -457,7 +457,7 @@ def select(connection: psycopg.Connection, policy: PolicySettings) -> Selection:
     learning = policy.learning
     plan = RewardPlan.of(policy)
     with connection.transaction(), connection.cursor(row_factory=dict_row) as cursor:
-        _without_jit(cursor)
+        without_jit(cursor)
         cursor.execute("SELECT extract(epoch FROM now())::float8 AS now")
         clock = cursor.fetchone()
         assert clock is not None  # SELECT now() always returns its one row
@@ -471,7 +471,7 @@ def select(connection: psycopg.Connection, policy: PolicySettings) -> Selection:
             "max_age_s": learning.max_age_s,
             "limit": learning.max_trajectories,
         }
-        cursor.execute(_REWARDED, params)
+        cursor.execute(REWARDED, params)
         trajectories = cursor.fetchall()
         cursor.execute(_CALLS, {"ids": [t["id"] for t in trajectories]})
         calls: dict[str, list[dict[str, Any]]] = {}
@@ -548,7 +548,7 @@ def count_new_groups(connection: psycopg.Connection, policy: PolicySettings) -> 
         "pool": plan.pools_families(learning),
     }
     with connection.transaction(), connection.cursor() as cursor:
-        _without_jit(cursor)
+        without_jit(cursor)
         cursor.execute(_NEW_GROUPS, params)
         count = cursor.fetchone()
         return int(count[0]) if count is not None else 0

@@ -148,8 +148,8 @@ def test_distil_from_the_teacher_take_over_by_canary_then_continue_by_rl(
     from apprentice.promotion.service import run_promotion_tick
     from apprentice.settings import Settings
     from learner.jobs.distill import run_distillation
+    from learner.jobs.policy_trainer import PolicyTrainer
     from learner.jobs.run import run_once
-    from learner.jobs.session import PolicyTrainer
 
     started = time.monotonic()
     torch.set_num_threads(2)

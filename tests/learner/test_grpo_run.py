@@ -12,7 +12,9 @@ from psycopg.types.json import Jsonb
 
 from apprentice.settings import Settings
 from learner.jobs import run as run_module
-from learner.jobs.run import LOCK_CLASS, lock_key, run_once
+from learner.jobs import training_runs
+from learner.jobs.run import run_once
+from learner.jobs.training_runs import LOCK_CLASS, lock_key
 
 
 def settings_for(database_url: str, data_dir: Path, base_model: str, **learning) -> Settings:
@@ -207,13 +209,13 @@ def test_a_run_that_fails_before_its_commit_leaves_nothing_and_the_next_run_retr
 ):
     ids = populate(db, base)
     db.execute("INSERT INTO training_runs (id, policy, status) VALUES (%s, 'p', 'running')", (str(uuid.uuid4()),))
-    real_mark = run_module._mark
+    real_mark = training_runs.mark_trained
 
     def crash(connection, run_id, trajectory_ids):
         real_mark(connection, run_id, trajectory_ids)
         raise RuntimeError("killed in the middle of the final transaction")
 
-    monkeypatch.setattr(run_module, "_mark", crash)
+    monkeypatch.setattr(training_runs, "mark_trained", crash)
     outcome = run_once(settings_for(database_url, tmp_path, base), "p")
     assert outcome.status == "failed" and "killed" in outcome.error
     assert db.execute("SELECT count(*) FROM adapter_versions").fetchone()[0] == 0
@@ -223,7 +225,7 @@ def test_a_run_that_fails_before_its_commit_leaves_nothing_and_the_next_run_retr
     statuses = sorted(r[0] for r in db.execute("SELECT error FROM training_runs").fetchall())
     assert any("interrupted" in s for s in statuses), "the dead 'running' row is closed by the next run"
 
-    monkeypatch.setattr(run_module, "_mark", real_mark)
+    monkeypatch.setattr(training_runs, "mark_trained", real_mark)
     (tmp_path / "adapters" / "p" / "p-v1").mkdir()  # an orphan left by a kill after the save
     (tmp_path / "adapters" / "p" / "p-v1" / "adapter_config.json").write_text("{}")
     retry = run_once(settings_for(database_url, tmp_path, base), "p")

@@ -6,8 +6,8 @@ import psycopg
 import pytest
 
 from learner.jobs import run as run_module
+from learner.jobs.policy_trainer import PolicyTrainer
 from learner.jobs.run import run_once
-from learner.jobs.session import PolicyTrainer
 from tests.learner.test_grpo_run import add_trajectory, populate, settings_for, trained
 
 

@@ -2,20 +2,23 @@
 
 Every answer names its fields here: a column added to a table reaches no answer until it is
 added to a model, and a column renamed or dropped fails when the model is built (an error
-naming the field) instead of silently answering null.
+naming the field) instead of silently answering null. A model read from a typed row names only
+fields of that row, with the row's types (`_fields_of` checks it when this module is imported):
+the row is the one field list, the model chooses which of them the API answers.
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import fields
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from apprentice.evalsets.scoring import Scoring
 from apprentice.promotion.provenance import Provenance
-from apprentice.promotion.rows import AdapterVersion
+from apprentice.promotion.rows import AdapterVersion, TrainingRun, Transition
 from apprentice.promotion.service import ActionResult, PolicySummary, VersionDetail, VersionListing
 from apprentice.promotion.status import VersionStatus
 from gateway.judging.agreement import AgreementReport, Bucket, Figures, Interval
@@ -25,6 +28,27 @@ class _FromRow(BaseModel):
     """A model read from the attributes of a typed row (`apprentice.promotion.rows`)."""
 
     model_config = ConfigDict(from_attributes=True)
+
+
+_Model = TypeVar("_Model", bound=type[BaseModel])
+
+
+def _fields_of(row: type, *, constants: tuple[str, ...] = ("object",)) -> Any:
+    """Class decorator: every field of the model (but its `constants`) is a field of the typed row
+    `row`, declared with the same type; a field the row lacks or types otherwise fails at import."""
+
+    def check(model: _Model) -> _Model:
+        declared = {f.name: str(f.type) for f in fields(row)}
+        for name, annotation in model.__annotations__.items():
+            if name in constants:
+                continue
+            if name not in declared:
+                raise TypeError(f"{model.__name__}.{name}: {row.__name__} has no such field")
+            if declared[name] != str(annotation):
+                raise TypeError(f"{model.__name__}.{name}: {annotation} here, {declared[name]} in {row.__name__}")
+        return model
+
+    return check
 
 
 class VersionBrief(_FromRow):
@@ -85,6 +109,7 @@ class PolicyListOut(BaseModel):
     data: list[PolicyOut]
 
 
+@_fields_of(Transition)
 class TransitionOut(_FromRow):
     id: int
     from_status: VersionStatus | None
@@ -94,11 +119,13 @@ class TransitionOut(_FromRow):
     created_at: datetime
 
 
+@_fields_of(TrainingRun)
 class TrainingRunOut(_FromRow):
     id: uuid.UUID
     policy: str
     status: str = Field(description="running, succeeded, failed, aborted or skipped.")
     trigger: str
+    kind: str = Field(description="rl (GRPO on rewarded trajectories) or sft (distillation from the teacher).")
     host: str | None
     pid: int | None
     started_at: datetime
@@ -123,6 +150,7 @@ class TrainingRunOut(_FromRow):
     error: str | None
 
 
+@_fields_of(AdapterVersion)
 class VersionOut(_FromRow):
     object: Literal["adapter_version"] = "adapter_version"
     id: uuid.UUID

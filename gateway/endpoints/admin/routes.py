@@ -10,9 +10,10 @@ rewards do (gateway/judging/agreement.py), read-only.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from fastapi import APIRouter, Query, Request
 
@@ -99,9 +100,19 @@ async def get_policy(request: Request, policy: str) -> PolicyOut:
     description="Each with its parent, whether it is in the live lineage (and which version heads it), its "
     "training run's sample count and the versions that sampled what it trained on.",
 )
-async def list_versions(request: Request, policy: str, status: VersionStatus | None = Query(None)) -> VersionListOut:
+async def list_versions(
+    request: Request,
+    policy: str,
+    status: VersionStatus | None = Query(None),
+    kind: Literal["rl", "sft"] | None = Query(
+        None, description="Only versions whose training run was of this kind: rl (GRPO) or sft (distillation)."
+    ),
+) -> VersionListOut:
     state, _ = await _admin(request)
     listing = await _guard(lambda: service.version_listing(state.engine, state.settings, policy, status))
+    if kind is not None:
+        shown = [v for v in listing.versions if listing.provenance[v.id].kind == kind]
+        listing = dataclasses.replace(listing, versions=shown)
     return VersionListOut.of(listing)
 
 
