@@ -9,7 +9,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: up test lint install clean
+.PHONY: up test test-fast lint install clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ up: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest
+
+# The edit loop: everything but the real-model learning tests, the browser tests and the slow ones
+# (pyproject.toml's markers). `make test` (and CI) still runs them all.
+test-fast: $(BIN)/.installed
+	$(BIN)/python -m pytest -m "not learning and not browser and not slow"
 
 # Every check runs even when an earlier one fails, so one pass reports all of them.
 lint: $(BIN)/.installed

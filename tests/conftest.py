@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support.processes import FakeUpstreamProcess, GatewayProcess
+from tests.support.processes import FakeUpstreamProcess, GatewayProcess, ModelServerProcess
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -72,6 +72,17 @@ def template_database(pg_admin_url: str) -> Iterator[str]:
 @pytest.fixture
 def database_url(pg_admin_url: str, template_database: str) -> Iterator[str]:
     """A fresh, migrated database for one test."""
+    name = f"apprentice_test_{uuid.uuid4().hex[:12]}"
+    with _admin(pg_admin_url) as connection:
+        connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    yield _with_database(pg_admin_url, name)
+    with _admin(pg_admin_url) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def module_database(pg_admin_url: str, template_database: str) -> Iterator[str]:
+    """A fresh migrated database for a whole module, for modules that start their processes once."""
     name = f"apprentice_test_{uuid.uuid4().hex[:12]}"
     with _admin(pg_admin_url) as connection:
         connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
@@ -159,3 +170,33 @@ def start_gateway(
     yield start
     for process in started:
         process.stop()
+
+
+# ---- the real SmolLM2 (learning tests, the protocols on the local model, the dashboard) ----
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    from learner.models import fetch_default_model
+
+    return fetch_default_model()
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServerProcess]:
+    """One `apprentice serve-model` on the real SmolLM2 for the whole session, shared by the
+    learning tests (each used to start its own: about 8 s a start on this machine, idle). Safe to
+    share: each test has its own database and data dir, and a candidate promoted under a name
+    another test already loaded (writer-v1) has another path, so the promotion replaces it in place."""
+    from tests.support.learning import BASE, SERVER_ARGS
+
+    server = ModelServerProcess(tmp_path_factory.mktemp("smollm2-server"), smollm2_dir, BASE, *SERVER_ARGS)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def model_server(smollm2_server: ModelServerProcess) -> ModelServerProcess:
+    """The session's SmolLM2 server, under the name the learning tests used for their own."""
+    return smollm2_server

