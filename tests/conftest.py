@@ -19,6 +19,9 @@ import pytest
 
 from tests.support.processes import FakeUpstreamProcess, GatewayProcess, ModelServerProcess
 
+# Fixtures that live in support modules (module-scoped: each module that asks gets its own).
+pytest_plugins = ["tests.support.promotion"]
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/postgres"

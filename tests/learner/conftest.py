@@ -28,6 +28,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), tokenizer_dir=smollm2_dir)
 
 
+@pytest.fixture
+def base(tiny_model_dir: Path) -> str:
+    """The tiny model's directory, as a policy's base_model (tests/support/runs.py)."""
+    return str(tiny_model_dir)
+
+
 @pytest.fixture(scope="session")
 def other_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
     """Same architecture, other hidden size: its adapters do not fit `tiny_model_dir`."""
