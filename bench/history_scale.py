@@ -61,7 +61,7 @@ from psycopg import sql  # noqa: E402
 from apprentice.settings import PolicySettings  # noqa: E402
 from apprentice.store.engine import make_async_engine  # noqa: E402
 from apprentice.store.schema import upgrade  # noqa: E402
-from bench.gateway_overhead import database_url, drop_database, log, recreate_database  # noqa: E402
+from bench.harness import database_url, drop_database, log, recreate_database  # noqa: E402
 from bench.report import machine_line, markdown_table, write_section  # noqa: E402
 from bench.stats import median  # noqa: E402
 from gateway.journal.shipper import JournalShipper  # noqa: E402
