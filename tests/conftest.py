@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.support.databases import DatabasePool
 from tests.support.processes import FakeUpstreamProcess, GatewayProcess, ModelServerProcess
 
 # Fixtures that live in support modules (module-scoped: each module that asks gets its own).
@@ -72,26 +73,28 @@ def template_database(pg_admin_url: str) -> Iterator[str]:
         connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="session")
+def database_pool(pg_admin_url: str, template_database: str) -> Iterator[DatabasePool]:
+    """Clones of the template made ahead and dropped behind the tests (tests/support/databases.py)."""
+    pool = DatabasePool(pg_admin_url, template_database)
+    yield pool
+    pool.close()
+
+
 @pytest.fixture
-def database_url(pg_admin_url: str, template_database: str) -> Iterator[str]:
+def database_url(pg_admin_url: str, template_database: str, database_pool: DatabasePool) -> Iterator[str]:
     """A fresh, migrated database for one test."""
-    name = f"apprentice_test_{uuid.uuid4().hex[:12]}"
-    with _admin(pg_admin_url) as connection:
-        connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    name = database_pool.take()
     yield _with_database(pg_admin_url, name)
-    with _admin(pg_admin_url) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    database_pool.give_back(name)
 
 
 @pytest.fixture(scope="module")
-def module_database(pg_admin_url: str, template_database: str) -> Iterator[str]:
+def module_database(pg_admin_url: str, database_pool: DatabasePool) -> Iterator[str]:
     """A fresh migrated database for a whole module, for modules that start their processes once."""
-    name = f"apprentice_test_{uuid.uuid4().hex[:12]}"
-    with _admin(pg_admin_url) as connection:
-        connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    name = database_pool.take()
     yield _with_database(pg_admin_url, name)
-    with _admin(pg_admin_url) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    database_pool.give_back(name)
 
 
 @pytest.fixture
