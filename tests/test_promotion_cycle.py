@@ -14,6 +14,7 @@ import time
 from datetime import timedelta
 
 import httpx
+import pytest
 
 from tests.conftest import wait_for
 from tests.support.promotion import (
@@ -27,6 +28,9 @@ from tests.support.promotion import (
     status_of,
     tick,
 )
+
+# Two gateways and the tiny model server through every switch (make test-fast skips it).
+pytestmark = pytest.mark.slow
 
 
 def test_full_cycle(start_gateway, local_server, tiny, db, database_url, tmp_path):

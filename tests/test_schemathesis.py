@@ -20,9 +20,13 @@ import sys
 from pathlib import Path
 
 import openai
+import pytest
 
 from tests.support.processes import REPO_ROOT
 from tests.test_auth import cli
+
+# About two minutes of fuzzing (make test-fast skips it).
+pytestmark = pytest.mark.slow
 
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts" / "schemathesis"
 
