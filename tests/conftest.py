@@ -174,8 +174,11 @@ def start_gateway(
         return process
 
     yield start
+    deadline = time.monotonic() + 30
+    for process in started:  # all asked at once: they shut down side by side
+        process.terminate()
     for process in started:
-        process.stop()
+        process.wait_stopped(deadline)
 
 
 # ---- the real SmolLM2 (learning tests, the protocols on the local model, the dashboard) ----
