@@ -22,8 +22,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support.processes import REPO_ROOT
-from tests.test_auth import cli
+from tests.support.processes import REPO_ROOT, cli
 
 # About two minutes of fuzzing (make test-fast skips it).
 pytestmark = pytest.mark.slow
