@@ -27,7 +27,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("adapter_switch", ["--quick"]),
     ("dashboard_pages", ["--quick", "--repeats", "1", "--warmups", "0"]),
     ("gateway_overhead", ["--quick", "--targets", "direct,gateway", "--no-lock-test"]),
-    ("history_scale", ["--quick", "--repeats", "1"]),
+    ("history_scale", ["--quick"]),
     ("inference_throughput", ["--quick"]),
     ("learner_split", ["--quick"]),
     ("learner_step", ["--quick"]),
