@@ -2,7 +2,8 @@
 
 Each test that asks for `database_url` gets a database of its own, cloned from the migrated
 template; that stays. What changes is when the clone and the drop happen: a worker thread keeps
-one clone ready before the next test asks, and drops a test's database after the test has
+two clones ready before the next test asks (with one, a clone slowed by a concurrent drop was
+often not ready in time), and another drops a test's database after the test has
 returned, while the next test runs. Measured on the 2-core CI machine under load (load average
 13, PostgreSQL 15): CREATE DATABASE ... TEMPLATE took 0.3-0.5 s and DROP DATABASE ... WITH
 (FORCE) 0.8-6 s (the drop waits for the checkpointer), both paid inside every such test before.
@@ -21,16 +22,23 @@ import psycopg
 
 
 class DatabasePool:
-    def __init__(self, admin_url: str, template: str, ahead: int = 1) -> None:
+    """Two worker threads: one keeps `ahead` clones ready, the other drops what the tests gave back
+    (a slow drop never holds up the next clone)."""
+
+    def __init__(self, admin_url: str, template: str, ahead: int = 2) -> None:
         self.admin_url, self.template, self.ahead = admin_url, template, ahead
         self._ready: deque[str] = deque()
         self._drops: deque[str] = deque()
-        self._wanted = 0  # takers waiting now: they come before the drops
+        self._wanted = 0  # takers waiting now
         self._closing = False
         self._failure: BaseException | None = None
         self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._work, name="test-database-pool", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._create, name="test-database-clones", daemon=True),
+            threading.Thread(target=self._drop, name="test-database-drops", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def take(self, timeout: float = 120.0) -> str:
         """The name of a fresh database, cloned from the template, that no one else uses."""
@@ -56,38 +64,48 @@ class DatabasePool:
         """Wait for every drop; drop the clones nobody took."""
         with self._cond:
             self._closing = True
+            self._cond.notify_all()
+        self._threads[0].join()
+        with self._cond:
             self._drops.extend(self._ready)
             self._ready.clear()
             self._cond.notify_all()
-        self._thread.join()
+        self._threads[1].join()
         if self._failure is not None:
             raise RuntimeError("the test database pool failed") from self._failure
 
-    def _next(self) -> tuple[str, str] | None:
-        with self._cond:
-            while True:
-                short = not self._closing and len(self._ready) < max(self.ahead, self._wanted)
-                if short and (self._wanted or not self._drops):
-                    return "create", f"apprentice_test_{uuid.uuid4().hex[:12]}"
-                if self._drops:
-                    return "drop", self._drops.popleft()
-                if self._closing:
-                    return None
-                self._cond.wait()
-
-    def _work(self) -> None:
+    def _run(self, statement: str) -> bool:
+        """One connection per statement: a test that cuts PostgreSQL costs one statement, not the pool."""
         try:
-            with psycopg.connect(self.admin_url, autocommit=True) as connection:
-                while (job := self._next()) is not None:
-                    action, name = job
-                    if action == "create":
-                        connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
-                        with self._cond:
-                            self._ready.append(name)
-                            self._cond.notify_all()
-                    else:
-                        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        except BaseException as exc:  # a taker raises it; close() too
+            with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=10) as connection:
+                connection.execute(statement)
+            return True
+        except BaseException as exc:  # a taker raises it; close() raises the first
             with self._cond:
-                self._failure = exc
+                self._failure = self._failure or exc
                 self._cond.notify_all()
+            return False
+
+    def _create(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: self._closing or len(self._ready) < max(self.ahead, self._wanted) or self._failure
+                )
+                if self._closing or self._failure:
+                    return
+            name = f"apprentice_test_{uuid.uuid4().hex[:12]}"
+            if not self._run(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"'):
+                return
+            with self._cond:
+                self._ready.append(name)
+                self._cond.notify_all()
+
+    def _drop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._drops or (self._closing and not self._threads[0].is_alive()))
+                if not self._drops:
+                    return
+                name = self._drops.popleft()
+            self._run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
