@@ -31,7 +31,16 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.support.fake_teacher import RULE_PREFIX, follows_rule
-from tests.support.learning import ALL_THINGS, BASE, POLICY, WEBHOOK_SECRET, deliver_late, linked_rewards, sample
+from tests.support.learning import (
+    ALL_THINGS,
+    BASE,
+    POLICY,
+    WEBHOOK_SECRET,
+    deliver_late,
+    linked_rewards,
+    openai_client,
+    sample,
+)
 
 pytestmark = pytest.mark.learning
 
@@ -131,7 +140,6 @@ def held_out(client: Any, model: str) -> float:
 def test_distil_from_the_teacher_take_over_by_canary_then_continue_by_rl(
     model_server, start_gateway, fake_upstream, database_url, db, tmp_path, capsys
 ):
-    import openai
     import torch
 
     from apprentice.promotion.service import run_promotion_tick
@@ -176,8 +184,7 @@ def test_distil_from_the_teacher_take_over_by_canary_then_continue_by_rl(
     settings = Settings(
         database_url=database_url, data_dir=tmp_path / "learner", model_list=[teacher_entry], policies=[policy]
     )
-    through_gateway = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=300)
-    direct = openai.OpenAI(base_url=model_server.api_base, api_key="unused", max_retries=0, timeout=300)
+    through_gateway, direct = openai_client(gateway.base_url), openai_client(model_server.api_base)
     timeline: list[str] = []
 
     def mark(what: str) -> None:

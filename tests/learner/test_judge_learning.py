@@ -46,6 +46,7 @@ from tests.support.learning import (
     TRAIN_THINGS,
     Rounds,
     learning_policy,
+    openai_client,
     round_seeds,
     round_things,
     success_rate,
@@ -178,7 +179,6 @@ def judge_entry(name: str, api_base: str) -> dict[str, Any]:
 def test_the_policy_learns_from_the_judge_alone(
     model_server, start_gateway, fake_upstream, database_url, db, tmp_path, capsys
 ):
-    import openai
     import torch
 
     from apprentice.settings import Settings
@@ -196,8 +196,7 @@ def test_the_policy_learns_from_the_judge_alone(
     policy = learning_policy(model_server.api_base, judge=judge)
     model_list = [judge_entry(JUDGE_MODEL, fake_upstream.api_base)]
     gateway = start_gateway(model_list=model_list, policies=[policy], adapter_poll_interval_s=0.2)
-    through_gateway = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=300)
-    direct = openai.OpenAI(base_url=model_server.api_base, api_key="unused", max_retries=0, timeout=300)
+    through_gateway, direct = openai_client(gateway.base_url), openai_client(model_server.api_base)
     settings = Settings(
         database_url=database_url,
         data_dir=tmp_path / "learner",
@@ -295,7 +294,6 @@ def test_the_local_model_judges_its_own_groups_through_the_gateway(
     model_server, start_gateway, database_url, db, tmp_path, capsys
 ):
     """SmolLM2 as the judge of its own policy: wiring only, the quality of its scores is not asserted."""
-    import openai
     import torch
 
     from apprentice.settings import Settings
@@ -323,9 +321,9 @@ def test_the_local_model_judges_its_own_groups_through_the_gateway(
         "judge": judge,
     }
     gateway = start_gateway(model_list=[], policies=[policy])
-    client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=300)
+    through_gateway = openai_client(gateway.base_url)
     with JudgeHold(db, POLICY, judge) as hold:  # whole groups only (see JudgeHold)
-        results = sample(client, POLICY, TRAIN_THINGS[:groups], tuple(range(size)), raw=True)
+        results = sample(through_gateway, POLICY, TRAIN_THINGS[:groups], tuple(range(size)), raw=True)
         ids = {r["trajectory_id"] for r in results}
         wait_quiet(db, list(ids), JUDGE_WAIT_S)
         hold.release()

@@ -41,17 +41,18 @@ from tests.support.learning import (
     SAMPLES_PER_TASK,
     TASKS_PER_ROUND,
     TRAIN_THINGS,
-    WEBHOOK_SECRET,
     Rounds,
     deliver_late,
     learning_policy,
     linked_rewards,
+    openai_client,
     prompt,
     reward_items,
     reward_of,
     round_seeds,
     round_things,
     sample,
+    start_learning_gateway,
     success_rate,
 )
 
@@ -106,7 +107,6 @@ def sample_responses(client: Any, things: list[str], seeds: tuple[int, ...]) -> 
 def test_the_policy_learns_from_responses_api_traffic_only(
     model_server, start_gateway, database_url, db, tmp_path, capsys
 ):
-    import openai
     import torch
 
     from apprentice.settings import Settings
@@ -115,13 +115,8 @@ def test_the_policy_learns_from_responses_api_traffic_only(
     torch.set_num_threads(2)
     rng = random.Random(7)
     policy = learning_policy(model_server.api_base)
-    gateway = start_gateway(
-        policies=[policy],
-        adapter_poll_interval_s=0.2,
-        rewards={"webhook_secrets": [{"secret": WEBHOOK_SECRET, "tenant": "local"}]},
-    )
-    through_gateway = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=300)
-    direct = openai.OpenAI(base_url=model_server.api_base, api_key="unused", max_retries=0, timeout=300)
+    gateway = start_learning_gateway(start_gateway, policy)
+    through_gateway, direct = openai_client(gateway.base_url), openai_client(model_server.api_base)
     settings = Settings(database_url=database_url, data_dir=tmp_path / "learner", policies=[policy])
     rounds = Rounds(settings, gateway, "responses learning test", started=started)
 

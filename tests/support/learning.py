@@ -213,6 +213,23 @@ def learning_policy(endpoint: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+def openai_client(base_url: str) -> Any:
+    """The official openai client as the learning tests use it: no retries, long timeouts (a loaded CPU)."""
+    import openai
+
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
+
+
+def start_learning_gateway(start_gateway: Any, policy: dict[str, Any], **config: Any) -> Any:
+    """A gateway for `policy` that polls its serving versions every 0.2 s and takes signed webhook rewards."""
+    return start_gateway(
+        policies=[policy],
+        adapter_poll_interval_s=0.2,
+        rewards={"webhook_secrets": [{"secret": WEBHOOK_SECRET, "tenant": "local"}]},
+        **config,
+    )
+
+
 @dataclass
 class Rounds:
     """The learner's side of each round: `run_once` in-process, the candidate promoted through the
