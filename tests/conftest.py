@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -152,9 +153,19 @@ def gateway_config(url: str, data_dir: Path, api_base: str, **overrides: Any) ->
     return config
 
 
+@pytest.fixture(scope="session")
+def gateway_reaper() -> Iterator[ThreadPoolExecutor]:
+    """Where the gateways a test started finish their graceful shutdown, while the next test runs.
+
+    Measured: a gateway's SIGTERM-to-exit took 0.7-0.9 s on an idle machine and 7-22 s at load 40,
+    inside the teardown of every test that started one. The session waits for them all at its end."""
+    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="gateway-stop") as pool:
+        yield pool
+
+
 @pytest.fixture
 def start_gateway(
-    tmp_path: Path, database_url: str, fake_upstream: FakeUpstreamProcess
+    tmp_path: Path, database_url: str, fake_upstream: FakeUpstreamProcess, gateway_reaper: ThreadPoolExecutor
 ) -> Iterator[Callable[..., GatewayProcess]]:
     """start_gateway(workers=1, port=None, data_dir=None, **config_overrides) -> a running gateway."""
     started: list[GatewayProcess] = []
@@ -175,10 +186,9 @@ def start_gateway(
 
     yield start
     deadline = time.monotonic() + 30
-    for process in started:  # all asked at once: they shut down side by side
+    for process in started:  # all asked at once; they shut down side by side, SIGKILLed after 30 s
         process.terminate()
-    for process in started:
-        process.wait_stopped(deadline)
+        gateway_reaper.submit(process.wait_stopped, deadline)
 
 
 # ---- the real SmolLM2 (learning tests, the protocols on the local model, the dashboard) ----
