@@ -9,7 +9,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: up test lint install clean fuzz
+.PHONY: up test test-fast lint install clean fuzz
 
 $(BIN)/.installed: pyproject.toml clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ test: $(BIN)/.installed
 FUZZ_EXAMPLES ?= 100
 fuzz: $(BIN)/.installed
 	APPRENTICE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) APPRENTICE_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest tests/test_schemathesis.py
+
+# The edit loop: everything but the real-model learning tests, the browser tests and the slow ones
+# (pyproject.toml's markers). `make test` (and CI) still runs them all.
+test-fast: $(BIN)/.installed
+	$(BIN)/python -m pytest -m "not learning and not browser and not slow"
 
 # Every check runs even when an earlier one fails, so one pass reports all of them.
 lint: $(BIN)/.installed

@@ -12,6 +12,7 @@ time from the commit to the sending of the first call answered by the new versio
 nobody listens to, which is what a gateway without the listener sees.
 
     python -m bench.adapter_switch [--trials 20] [--pg URL] [--no-write]
+    python -m bench.adapter_switch --quick        # smoke run, writes nothing
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from pathlib import Path
 import httpx
 import psycopg
 
+from bench.harness import scratch_database, start_gateway, start_upstream, write_config
 from bench.report import machine_line, markdown_table, write_section
-from tests.support.processes import FakeUpstreamProcess, GatewayProcess
 
 TITLE = "Adapter switch: transition commit to the gateway routing to the new version"
 POLICY = "switch-policy"
@@ -110,45 +111,35 @@ def main() -> None:
         "--pg", default=os.environ.get("APPRENTICE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     )
     parser.add_argument("--no-write", action="store_true", help="Print only; leave docs/benchmarks.md alone.")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 3 trials per mode; writes nothing")
     args = parser.parse_args()
+    if args.quick:
+        args.trials, args.no_write = 3, True
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-    from sqlalchemy.engine import make_url
-
-    from apprentice.store.schema import upgrade
-
     load0 = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    scratch = f"apprentice_bench_switch_{uuid.uuid4().hex[:8]}"
-    database_url = make_url(args.pg).set(database=scratch).render_as_string(hide_password=False)
     results: dict[str, list[float]] = {}
-    with tempfile.TemporaryDirectory() as tmp, psycopg.connect(args.pg, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{scratch}"')
+    with tempfile.TemporaryDirectory() as tmp, scratch_database("apprentice_bench_switch", args.pg) as database_url:
         upstream = gateway = None
         try:
-            upgrade(database_url)
-            upstream = FakeUpstreamProcess(Path(tmp))
-            upstream.start()
-            policy = {"name": POLICY, "base_model": "fake-base", "endpoints": [upstream.api_base]}
+            upstream, upstream_url = start_upstream(Path(tmp))
+            policy = {"name": POLICY, "base_model": "fake-base", "endpoints": [upstream_url]}
             config = {
                 "database_url": database_url,
                 "data_dir": str(Path(tmp) / "gateway"),
                 "auth": {"mode": "open"},
                 "policies": [policy],
             }
-            gateway = GatewayProcess(Path(tmp), config)
-            gateway.start()
+            gateway, root = start_gateway(write_config(Path(tmp) / "gateway.yaml", config), Path(tmp))
             for notify in (True, False):
                 label = "NOTIFY" if notify else "poll only"
                 results[label] = asyncio.run(
-                    trials(
-                        database_url, gateway.base_url, args.trials, notify, first_number=1 + len(results) * args.trials
-                    )
+                    trials(database_url, f"{root}/v1", args.trials, notify, first_number=1 + len(results) * args.trials)
                 )
         finally:
             for process in (gateway, upstream):
                 if process is not None:
                     process.stop()
-            admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
 
     def ms(values: list[float]) -> list[str]:
         quantiles = statistics.quantiles(values, n=10)

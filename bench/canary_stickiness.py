@@ -107,8 +107,11 @@ async def measure(urls: list[str], runs: int, spread: bool, think_s: float, seed
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=300, help="two-call runs per shape")
+    parser.add_argument("--quick", action="store_true", help="1 replica x 2 processes, 10 runs a shape: a smoke run")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    replicas, processes = (1, 2) if args.quick else (REPLICAS, PROCESSES)
+    runs = 10 if args.quick else args.runs
     name, url = scratch_database()
     work = Path(tempfile.mkdtemp(prefix="apprentice-sticky-"))
     gateways: list[GatewayProcess] = []
@@ -123,7 +126,7 @@ def main() -> None:
                 )
         with FakePolicyEndpoint("base", {}, {}) as endpoint:
             endpoint.loaded.update({"agent-v1", "agent-v2"})
-            for replica in range(REPLICAS):
+            for replica in range(replicas):
                 config = {
                     "database_url": url,
                     "data_dir": str(work / f"replica-{replica}"),
@@ -131,13 +134,13 @@ def main() -> None:
                     "adapter_poll_interval_s": 0.5,
                     "policies": [{"name": "agent", "base_model": "base", "endpoints": [endpoint.api_base]}],
                 }
-                gateway = GatewayProcess(work, config, workers=PROCESSES)
+                gateway = GatewayProcess(work, config, workers=processes)
                 gateway.start(timeout=600)
                 gateways.append(gateway)
             urls = [g.base_url for g in gateways]
             for spread in (False, True):
                 for think_s in (0.0, 0.5):
-                    found = asyncio.run(measure(urls, args.runs, spread, think_s, seed=len(rows)))
+                    found = asyncio.run(measure(urls, runs, spread, think_s, seed=len(rows)))
                     rows.append(
                         [
                             "spread (new connection, random replica)" if spread else "pinned (keep-alive)",
@@ -155,7 +158,7 @@ def main() -> None:
         drop_database(name)
     body = (
         f"{machine_line()}\n\nCommand: `python -m bench.canary_stickiness {' '.join(sys.argv[1:])}`\n\n"
-        f"{REPLICAS} replicas x {PROCESSES} processes, a canary at share 0.5, runs of two calls continued by "
+        f"{replicas} replicas x {processes} processes, a canary at share 0.5, runs of two calls continued by "
         "content alone (no ids). A miss: the second call served by another version than the first.\n\n"
         + markdown_table(
             [

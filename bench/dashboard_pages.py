@@ -37,7 +37,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,10 +48,10 @@ from urllib.parse import unquote, urlencode
 
 import httpx
 
-from apprentice.processes import ManagedProcess, free_port
-from bench.gateway_overhead import (
-    REPO,
-    apprentice_argv,
+from apprentice.processes import ManagedProcess
+from bench import harness
+from bench.harness import (
+    bench_env,
     database_url,
     drop_database,
     log,
@@ -588,38 +587,16 @@ def write_config(workdir: Path, db_url: str) -> Path:
 
 
 def gateway_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith(("APPRENTICE_", "OTEL_"))}
-    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    return env
+    """Without OTEL_* either: tracing would change what the pages cost."""
+    return bench_env(("APPRENTICE_", "OTEL_"))
 
 
 def db_upgrade(config: Path) -> None:
-    done = subprocess.run(
-        apprentice_argv() + ["db", "upgrade", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        env=gateway_env(),
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"`apprentice db upgrade` exited {done.returncode}:\n{(done.stderr or done.stdout)[-2000:]}")
+    harness.db_upgrade(config, gateway_env())
 
 
 def start_gateway(config: Path, workdir: Path) -> tuple[ManagedProcess, str]:
-    port = free_port()
-    base = f"http://{HOST}:{port}"
-    gateway = ManagedProcess(
-        "gateway",
-        apprentice_argv() + ["gateway", "--config", str(config), "--host", HOST, "--port", str(port)],
-        workdir / "gateway.log",
-        cwd=REPO,
-        ready_url=f"{base}/healthz",
-    )
-    gateway.env = gateway_env()
-    gateway.start()
-    gateway.wait_ready(180)
-    return gateway, base
+    return harness.start_gateway(config, workdir, env=gateway_env())
 
 
 def login(client: httpx.Client) -> None:

@@ -49,19 +49,31 @@ from typing import Any
 
 import psutil
 
-from apprentice.processes import ManagedProcess, free_port
+from apprentice.processes import free_port
+from bench import harness
+from bench.harness import (
+    HOST,
+    REPO,
+    MeasuredProcess,
+    cpu_delta,
+    database_url,
+    db_upgrade,
+    drop_database,
+    gateway_unavailable,
+    log,
+    pg_connect,
+    recreate_database,
+    tail,
+    write_config,
+)
 from bench.loadgen import Endpoint, LoadClient
 from bench.report import machine_line, markdown_table, write_section
 from bench.stats import median, percentile
 
-REPO = Path(__file__).resolve().parent.parent
-
 SECTION_TITLE = "Gateway overhead"
 MODEL = "fake-model"
 PROMPT = "Answer in a few words: what is the capital of France?"
-HOST = "127.0.0.1"
 BASELINE = "direct"
-SCHEDSTAT = os.path.exists("/proc/self/schedstat")
 LOAD_AT_START = 0.0
 PHASE_MAX_S = 30.0  # no phase of one target runs longer, whatever its request count
 
@@ -155,88 +167,7 @@ class Sizes:
         return sizes
 
 
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 # --------------------------------------------------------------------------- processes
-
-
-class MeasuredProcess(ManagedProcess):
-    """A server started by this script (at once), whose CPU time and memory are read, children included.
-
-    `env`, when given, is the child's whole environment rather than additions to this one: the
-    bench removes variables (DATABASE_URL, APPRENTICE_*) that would change what a target does.
-    """
-
-    STOP_TIMEOUT_S = 15.0
-
-    def __init__(
-        self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path = REPO
-    ) -> None:
-        super().__init__(name, argv, log_path, cwd=cwd)
-        if env is not None:
-            self.env = env
-        self.start()
-
-    def processes(self) -> list[psutil.Process]:
-        try:
-            root = psutil.Process(self.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return []
-
-    def cpu_seconds(self) -> tuple[float, float]:
-        """CPU time (user+system) of the process and its descendants, twice: from Linux's
-        per-thread schedstat (nanoseconds; live threads only) and from psutil (clock ticks of
-        10 ms, but counting threads that already exited). See `cpu_delta`."""
-        fine = coarse = 0.0
-        for proc in self.processes():
-            try:
-                times = proc.cpu_times()
-                coarse += times.user + times.system
-            except psutil.Error:
-                continue
-            if not SCHEDSTAT:
-                continue
-            try:
-                tasks = list(os.scandir(f"/proc/{proc.pid}/task"))
-            except OSError:
-                continue  # exited meanwhile
-            for task in tasks:
-                try:
-                    with open(f"{task.path}/schedstat", "rb") as handle:
-                        fine += int(handle.read().split()[0]) / 1e9
-                except (OSError, ValueError, IndexError):
-                    continue
-        return (fine if SCHEDSTAT else coarse), coarse
-
-    def rss_bytes(self) -> int:
-        total = 0
-        for proc in self.processes():
-            try:
-                total += proc.memory_info().rss
-            except psutil.Error:
-                pass
-        return total
-
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int | None:
-        """SIGTERM to its session, SIGKILL after `timeout`; workers left behind are killed too."""
-        return super().stop(timeout)
-
-
-def cpu_delta(before: tuple[float, float], after: tuple[float, float]) -> float:
-    """The precise figure, unless the coarse one says that threads which exited meanwhile took
-    noticeably more (their time leaves the per-thread sum)."""
-    fine, coarse = after[0] - before[0], after[1] - before[1]
-    return coarse if coarse > fine * 1.1 + 0.03 else fine
 
 
 def chat_body(stream: bool) -> bytes:
@@ -351,50 +282,6 @@ async def start_litellm(binary: Path, upstream_url: str, workers: int, workdir: 
 # --------------------------------------------------------------------------- gateway
 
 
-def apprentice_argv() -> list[str]:
-    script = Path(sys.executable).parent / "apprentice"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "apprentice.cli"]
-
-
-def gateway_unavailable() -> str | None:
-    """Why `apprentice gateway` cannot run in this checkout, or None when it can."""
-    for sub in (["gateway", "--help"], ["db", "upgrade", "--help"]):
-        try:
-            done = subprocess.run(apprentice_argv() + sub, capture_output=True, text=True, timeout=120, cwd=REPO)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"`apprentice {' '.join(sub)}` could not run: {exc}"
-        if done.returncode != 0:
-            detail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            return f"`apprentice {' '.join(sub)}` exited {done.returncode}: {' | '.join(detail)}"
-    return None
-
-
-def pg_connect(url: str, **kwargs: Any) -> Any:
-    import psycopg
-
-    return psycopg.connect(url, connect_timeout=5, **kwargs)
-
-
-def database_url(admin_url: str, name: str) -> str:
-    base, _, _ = admin_url.rpartition("/")
-    return f"{base}/{name}"
-
-
-def recreate_database(admin_url: str, name: str) -> str:
-    with pg_connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return database_url(admin_url, name)
-
-
-def drop_database(admin_url: str, name: str) -> None:
-    try:
-        with pg_connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the results
-        log(f"could not drop database {name}: {exc}")
-
-
 async def start_gateway(
     upstream_url: str,
     workers: int,
@@ -409,50 +296,27 @@ async def start_gateway(
     name = f"gateway-{workers}w" + (f"-{variant}" if variant else "")
     data_dir = workdir / name
     data_dir.mkdir(parents=True, exist_ok=True)
-    lines = []
+    config: dict[str, Any] = {}
     db_name = None
     if admin_url:
         db_name = f"{db_prefix}_gw{workers}" + (f"_{variant}" if variant else "")
-        lines.append(f"database_url: {recreate_database(admin_url, db_name)}")
-    lines += [
-        f"data_dir: {data_dir}",
-        "auth: {mode: open}",
-        "model_list:",
-        f"  - model_name: {MODEL}",
-        f"    litellm_params: {{model: openai/{MODEL}, api_base: '{upstream_url}', api_key: sk-fake}}",
-    ]
-    lines += [f"{section}: {json.dumps(values)}" for section, values in (sections or {}).items()]
-    config = workdir / f"{name}.yaml"
-    config.write_text("\n".join(lines) + "\n")
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("APPRENTICE_")}
-    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    upgrade = subprocess.run(
-        apprentice_argv() + ["db", "upgrade", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=env,
-    )
-    if upgrade.returncode != 0:
-        raise RuntimeError(
-            f"`apprentice db upgrade --config {config}` exited {upgrade.returncode}:\n"
-            f"{(upgrade.stderr or upgrade.stdout)[-2000:]}"
-        )
-    port = free_port()
-    argv = apprentice_argv() + [
-        "gateway",
-        "--config",
-        str(config),
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-    ]
-    proc = MeasuredProcess(name, argv, workdir / f"{name}.log", env=env)
-    target = Target(name, f"http://{HOST}:{port}/v1", proc, proc, workers, database=db_name)
+        config["database_url"] = recreate_database(admin_url, db_name)
+    config |= {
+        "data_dir": str(data_dir),
+        "auth": {"mode": "open"},
+        "model_list": [
+            {
+                "model_name": MODEL,
+                "litellm_params": {"model": f"openai/{MODEL}", "api_base": upstream_url, "api_key": "sk-fake"},
+            }
+        ],
+    }
+    config |= dict(sections or {})
+    path = write_config(workdir / f"{name}.yaml", config)
+    db_upgrade(path)
+    proc, root = harness.start_gateway(path, workdir, name=name, workers=workers, measured=True, ready_timeout=None)
+    assert isinstance(proc, MeasuredProcess)
+    target = Target(name, f"{root}/v1", proc, proc, workers, database=db_name)
     target.startup_s = await wait_ready(target.base_url, proc, timeout_s)
     return target
 

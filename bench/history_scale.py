@@ -31,7 +31,7 @@ Measured on each database, `--repeats` times, medians:
 
     python -m bench.history_scale                  # 20 million calls; writes docs/benchmarks.md
     python -m bench.history_scale --calls 2000000  # smaller; writes the section too
-    python -m bench.history_scale --quick          # 200,000 calls, 2 repeats; writes nothing
+    python -m bench.history_scale --quick          # 20,000 calls, 1 repeat (a smoke run); writes nothing
     python -m bench.history_scale --keep --json a.json   # leave the databases (dropped by default)
     python -m bench.history_scale --reuse a.json   # measure them again (then dropped, unless --keep)
 """
@@ -61,7 +61,7 @@ from psycopg import sql  # noqa: E402
 from apprentice.settings import PolicySettings  # noqa: E402
 from apprentice.store.engine import make_async_engine  # noqa: E402
 from apprentice.store.schema import upgrade  # noqa: E402
-from bench.gateway_overhead import database_url, drop_database, log, recreate_database  # noqa: E402
+from bench.harness import database_url, drop_database, log, recreate_database  # noqa: E402
 from bench.report import machine_line, markdown_table, write_section  # noqa: E402
 from bench.stats import median  # noqa: E402
 from gateway.journal.shipper import JournalShipper  # noqa: E402
@@ -523,13 +523,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ship-calls", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=2, help="connections generating days in parallel")
-    parser.add_argument("--quick", action="store_true", help="200,000 calls, 2 repeats; writes nothing")
+    parser.add_argument("--quick", action="store_true", help="20,000 calls, 1 repeat (a smoke run); writes nothing")
     parser.add_argument("--keep", action="store_true", help="leave the scratch databases")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--reuse", type=Path, help="measure again the databases of a --keep run (its --json)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.calls, args.repeats, args.ship_calls = 200_000, 2, 4_000
+        args.calls, args.repeats, args.ship_calls = 20_000, 1, 1_000
     return args
 
 

@@ -19,54 +19,17 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 from openai import AsyncOpenAI
 
-from apprentice.processes import free_port
+from bench.harness import start_model_server
 from bench.report import machine_line, markdown_table, write_section
 
 TITLE = "Local inference server throughput"
 PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
-
-
-def start_server(model: str, port: int, adapters: list[Path]) -> subprocess.Popen:
-    loras = [arg for i, path in enumerate(adapters) for arg in ("--lora-modules", f"{adapter_name(i)}={path}")]
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "apprentice.cli",
-            "serve-model",
-            "--model",
-            model,
-            "--served-model-name",
-            "bench",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            *loras,
-        ],
-        env=os.environ.copy(),
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None:
-            raise RuntimeError("the server exited")
-        time.sleep(0.3)
-    process.terminate()
-    raise RuntimeError("the server did not start")
 
 
 def adapter_name(index: int) -> str:
@@ -100,9 +63,9 @@ async def run_round(
 
 
 async def measure(
-    port: int, models: list[str], concurrencies: list[int], rounds: int, max_tokens: int
+    server_url: str, models: list[str], concurrencies: list[int], rounds: int, max_tokens: int
 ) -> dict[int, dict[str, float]]:
-    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=600, max_retries=0)
+    client = AsyncOpenAI(base_url=server_url, api_key="unused", timeout=600, max_retries=0)
     await run_round(client, models, len(models), 8, seed=0)  # warm-up, every model once
     figures: dict[int, dict[str, float]] = {}
     for concurrency in concurrencies:
@@ -126,11 +89,13 @@ def main() -> None:
     )
     parser.add_argument("--concurrency", default="1,8", help="comma-separated numbers of concurrent requests")
     parser.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one round of 8 tokens; writes nothing")
     args = parser.parse_args()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
 
+    if args.quick:
+        args.rounds, args.max_tokens, args.no_write = 1, 8, True
     load_before = os.getloadavg()[0]
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="bench-adapters-") as scratch:
         adapters: list[Path] = []
         if args.adapters:
@@ -139,12 +104,12 @@ def main() -> None:
 
             adapters = make_adapters(str(resolve_model_path(args.model)), Path(scratch), args.adapters)
         models = [adapter_name(i) for i in range(args.adapters)] or ["bench"]
-        server = start_server(args.model, port, adapters)
+        loras = [arg for i, path in enumerate(adapters) for arg in ("--lora-modules", f"{adapter_name(i)}={path}")]
+        server, server_url = start_model_server(args.model, Path(scratch), "bench", *loras)
         try:
-            figures = asyncio.run(measure(port, models, concurrencies, args.rounds, args.max_tokens))
+            figures = asyncio.run(measure(server_url, models, concurrencies, args.rounds, args.max_tokens))
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            server.stop()
 
     rows = [[c, f"{f['aggregate']:.1f}", f"{f['per_request']:.1f}", f"{f['latency']:.2f}"] for c, f in figures.items()]
     command = f"`python -m bench.inference_throughput --rounds {args.rounds} --max-tokens {args.max_tokens}"

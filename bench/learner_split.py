@@ -11,6 +11,7 @@ optimizer steps on synthetic samples the way a long-lived learner does (model lo
   long-lived learner no longer pays per run.
 
     python -m bench.learner_split [--model DIR] [--samples 64] [--window 30] [--nice 10]
+    python -m bench.learner_split --quick       # smoke run
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from tests.support.processes import ModelServerProcess
+from bench.harness import start_model_server
 
 PROMPT = "Describe {} in 8 words or fewer."
 THINGS = ["the ocean", "a cat", "winter", "coffee", "the moon", "a library", "a bicycle", "rain"]
@@ -170,7 +171,10 @@ def main() -> None:
     parser.add_argument("--nice", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None, help="training threads (default: half the cores)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one step of 32 sequences, a 2 s window")
     args = parser.parse_args()
+    if args.quick:
+        args.samples, args.window, args.max_tokens = 32, 2.0, 4  # one optimizer step (32 a step)
     if args.model is None:
         from learner.models import fetch_default_model
 
@@ -179,13 +183,12 @@ def main() -> None:
         train_child(args)
         return
 
-    server = ModelServerProcess(Path(tempfile.mkdtemp(prefix="learner-split-")), Path(args.model), "bench")
-    server.start()
+    server, server_url = start_model_server(args.model, Path(tempfile.mkdtemp(prefix="learner-split-")), "bench")
     try:
         quiet = Child(args).train()
-        traffic = Traffic(server.api_base, args.concurrency, args.max_tokens)
+        traffic = Traffic(server_url, args.concurrency, args.max_tokens)
         traffic.start()
-        time.sleep(5)  # the server's batches fill up
+        time.sleep(1 if args.quick else 5)  # the server's batches fill up
         idle_start = time.time()
         time.sleep(args.window)
         idle = traffic.rate(idle_start, time.time())

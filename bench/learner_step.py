@@ -198,7 +198,14 @@ def main() -> None:
     parser.add_argument("--completion-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-trl", action="store_true")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: one small step per row, no TRL; writes nothing"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.batch, args.prompt_tokens, args.completion_tokens = 1, 2, 16, 16
+        args.no_trl = args.no_write = True
     torch.set_num_threads(args.threads)
     from learner.models import resolve_model_path
 
@@ -259,7 +266,9 @@ def main() -> None:
             f"{load[0]:.1f} / {load[1]:.1f} (other work shares these cores, so absolute times are noisy).",
         ]
     )
-    write_section(TITLE, body)
+    print(body)
+    if not args.no_write:
+        write_section(TITLE, body)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ with share s and r new trajectories a second, add about 1/(s*r). When the tick r
 schedule instead of right after the run, add up to its period.
 
     python -m bench.promotion_latency [--model DIR] [--trials 5] [--pg URL]
+    python -m bench.promotion_latency --quick     # smoke run (one trial), writes nothing
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ import asyncio
 import os
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -39,9 +38,9 @@ from typing import Any
 
 import httpx
 import psycopg
-import yaml
 
-from apprentice.processes import free_port, wait_http
+from apprentice.processes import ManagedProcess
+from bench.harness import scratch_database, start_gateway, start_model_server, write_config
 from bench.report import machine_line, markdown_table, write_section
 
 TITLE = "Promotion: training run end to canary traffic"
@@ -235,49 +234,30 @@ def main() -> None:
         "--pg", default=os.environ.get("APPRENTICE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     )
     parser.add_argument("--no-write", action="store_true", help="Print only; leave docs/benchmarks.md alone.")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 trial; writes nothing")
     args = parser.parse_args()
-
-    from sqlalchemy.engine import make_url
+    if args.quick:
+        args.trials, args.no_write = 1, True
 
     from apprentice.settings import Settings
-    from apprentice.store.schema import upgrade
     from learner.models import fetch_default_model
 
     load0 = ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
     model_dir = args.model or str(fetch_default_model())
-    scratch = f"apprentice_bench_promotion_{uuid.uuid4().hex[:8]}"
-    database_url = make_url(args.pg).set(database=scratch).render_as_string(hide_password=False)
-    processes: list[subprocess.Popen] = []
-    with tempfile.TemporaryDirectory() as tmp, psycopg.connect(args.pg, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{scratch}"')
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        scratch_database("apprentice_bench_promotion", args.pg) as database_url,
+    ):
+        processes: list[ManagedProcess] = []
         try:
-            upgrade(database_url)
             adapters = make_adapters(model_dir, Path(tmp), args.trials)
-            server_port, gateway_port = free_port(), free_port()
-            processes.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "apprentice.cli",
-                        "serve-model",
-                        "--model",
-                        model_dir,
-                        "--served-model-name",
-                        "bench",
-                        "--port",
-                        str(server_port),
-                        "--log-level",
-                        "warning",
-                    ]
-                )
-            )
-            wait_http(f"http://127.0.0.1:{server_port}/health", timeout=180.0, process=processes[-1])
+            server, server_url = start_model_server(model_dir, Path(tmp), "bench")
+            processes.append(server)
             policy = {
                 "name": "bench-policy",
                 "base_model": "bench",
-                "endpoints": [f"http://127.0.0.1:{server_port}/v1"],
+                "endpoints": [server_url],
                 "promotion": {"canary_share": 1.0},
             }
             config = {
@@ -286,36 +266,14 @@ def main() -> None:
                 "auth": {"mode": "keys", "admin_key": ADMIN_KEY},
                 "policies": [policy],
             }
-            config_path = Path(tmp) / "gateway.yaml"
-            config_path.write_text(yaml.safe_dump(config))
-            processes.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "apprentice.cli",
-                        "gateway",
-                        "--config",
-                        str(config_path),
-                        "--port",
-                        str(gateway_port),
-                    ]
-                )
-            )
-            wait_http(f"http://127.0.0.1:{gateway_port}/healthz", timeout=180.0, process=processes[-1])
+            gateway, gateway_root = start_gateway(write_config(Path(tmp) / "gateway.yaml", config), Path(tmp))
+            processes.append(gateway)
             settings = Settings(**config)
             with psycopg.connect(database_url, autocommit=True) as db:
-                results, extra = asyncio.run(
-                    trials(database_url, settings, f"http://127.0.0.1:{gateway_port}/v1", adapters, db)
-                )
+                results, extra = asyncio.run(trials(database_url, settings, f"{gateway_root}/v1", adapters, db))
         finally:
             for process in reversed(processes):
-                process.terminate()
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-            admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+                process.stop()
 
     def ms(values: list[float]) -> list[str]:
         return [f"{statistics.median(values) * 1000:.0f}", f"{min(values) * 1000:.0f}", f"{max(values) * 1000:.0f}"]

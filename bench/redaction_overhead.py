@@ -29,7 +29,7 @@ import time
 import uuid
 from typing import Any
 
-from bench.gateway_overhead import pg_connect
+from bench.harness import pg_connect
 from bench.loadgen import Endpoint, LoadClient
 from bench.report import machine_line, markdown_table
 from bench.side_by_side import (

@@ -20,7 +20,7 @@ per-request cost is a fraction of httpx's: the client shares the machine's cores
     python -m bench.reward_ingest --quick   # smoke run, writes nothing
     python -m bench.reward_ingest --no-write  # full sizes, prints only
 
-Run from the repository root: the gateway and the fake upstream are started by the tests' helpers.
+Run from the repository root: the gateway and the fake upstream are started by bench.harness.
 
 $APPRENTICE_BENCH_PG_URL selects the server (default postgresql://postgres@127.0.0.1:5432/postgres).
 Only loopback addresses are used; every loop is bounded.
@@ -42,22 +42,15 @@ import httpx
 import orjson
 import psycopg
 
-from apprentice.store.schema import upgrade
+from bench.harness import scratch_database, start_gateway, start_upstream, write_config
 from bench.report import machine_line, markdown_table, write_section
 from bench.stats import percentile
 from gateway.rewards.signatures import sign
 from tests.conftest import gateway_config
-from tests.support.processes import FakeUpstreamProcess, GatewayProcess
 
 SECTION_TITLE = "Reward ingest"
 SECRET = "whsec_bench"
 ADMIN_URL = os.environ.get("APPRENTICE_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def database(name: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
 
 
 async def post_all(
@@ -165,8 +158,9 @@ def wait_until(predicate, timeout: float) -> float:
 
 
 def run_round(
-    gateway: GatewayProcess, url: str, trajectories: list[str], sizes: dict[str, int], round_index: int
+    gateway_root: str, url: str, trajectories: list[str], sizes: dict[str, int], round_index: int
 ) -> dict[str, float]:
+    base_url = f"{gateway_root}/v1"
     tag = f"r{round_index}-{uuid.uuid4().hex[:6]}"
     results: dict[str, float] = {}
     n = sizes["single"]
@@ -183,13 +177,13 @@ def run_round(
             for i in range(count)
         ]
 
-    chat = asyncio.run(post_all(gateway.base_url, chat_bodies(n, tag), 32, path="/chat/completions"))
+    chat = asyncio.run(post_all(base_url, chat_bodies(n, tag), 32, path="/chat/completions"))
     results.update(chat_per_s=chat["per_s"], chat_p50_ms=chat["p50_ms"], chat_p99_ms=chat["p99_ms"])
 
     single_bodies = singles("s", n)
     time.sleep(1.2)  # pg_stat_database is flushed about every second
     before = transactions(url)
-    single = asyncio.run(post_all(gateway.base_url, single_bodies, 32))
+    single = asyncio.run(post_all(base_url, single_bodies, 32))
     time.sleep(1.2)
     committed = max(transactions(url) - before, 1)
     results.update(
@@ -200,7 +194,7 @@ def run_round(
     )
 
     mixed_chat, mixed_reward = asyncio.run(
-        side_by_side(gateway.base_url, chat_bodies(n // 2, tag + "m"), singles("m", n // 2), 16)
+        side_by_side(base_url, chat_bodies(n // 2, tag + "m"), singles("m", n // 2), 16)
     )
     results.update(
         mixed_chat_per_s=mixed_chat["per_s"],
@@ -209,7 +203,7 @@ def run_round(
         mixed_reward_p99_ms=mixed_reward["p99_ms"],
     )
 
-    replay = asyncio.run(post_all(gateway.base_url, single_bodies, 32))
+    replay = asyncio.run(post_all(base_url, single_bodies, 32))
     results.update(replay_per_s=replay["per_s"], replay_p50_ms=replay["p50_ms"])
 
     signed_bodies = [
@@ -223,7 +217,7 @@ def run_round(
         )
         for i in range(n)
     ]
-    signed = asyncio.run(post_all(gateway.base_url, signed_bodies, 32, signed=True))
+    signed = asyncio.run(post_all(base_url, signed_bodies, 32, signed=True))
     results.update(signed_per_s=signed["per_s"], signed_p50_ms=signed["p50_ms"], signed_p99_ms=signed["p99_ms"])
 
     batch_size, batches = 100, sizes["batches"]
@@ -243,7 +237,7 @@ def run_round(
         )
         for b in range(batches)
     ]
-    batch = asyncio.run(post_all(gateway.base_url, bodies, 4))
+    batch = asyncio.run(post_all(base_url, bodies, 4))
     results.update(batch_per_s=batch_size * batches / batch["elapsed"], batch_p50_ms=batch["p50_ms"])
 
     pending_n = sizes["pending"]
@@ -263,8 +257,8 @@ def run_round(
         )
         for b in range(pending_n // 100)
     ]
-    asyncio.run(post_all(gateway.base_url, pending_bodies, 4))
-    record_trajectories(gateway.base_url, names)
+    asyncio.run(post_all(base_url, pending_bodies, 4))
+    record_trajectories(base_url, names)
     recorded_at = time.perf_counter()
     late = f"SELECT count(*) FROM trajectories WHERE client_trajectory_id LIKE '{tag}-late-%'"
     wait_until(lambda: count(url, late) >= len(names), 60)
@@ -288,39 +282,33 @@ def main() -> None:
     rounds = 1 if args.quick else args.rounds
 
     load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    name = f"apprentice_bench_rewards_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = database(name)
     workdir = Path(tempfile.mkdtemp(prefix="reward-bench-"))
-    upstream = FakeUpstreamProcess(workdir)
-    gateway = None
-    try:
-        upgrade(url)
-        upstream.start()
-        config = gateway_config(
-            url,
-            workdir / "data",
-            upstream.api_base,
-            rewards={"webhook_secrets": [{"secret": SECRET, "tenant": "local"}], "max_batch": 1000},
-            journal={"ship_interval_s": 0.05},
-            log_level="warning",
-        )
-        gateway = GatewayProcess(workdir, config)
-        gateway.start()
-        trajectories = record_trajectories(gateway.base_url, [f"bench-{i}" for i in range(sizes["trajectories"])])
-        wait_until(lambda: count(url, "SELECT count(*) FROM trajectories") >= len(trajectories), 60)
-        all_rounds = []
-        for index in range(rounds):
-            result = run_round(gateway, url, trajectories, sizes, index)
-            print(f"round {index + 1}/{rounds}: " + ", ".join(f"{k}={v:.1f}" for k, v in result.items()), flush=True)
-            all_rounds.append(result)
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        upstream.stop()
-        with psycopg.connect(ADMIN_URL, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database("apprentice_bench_rewards", ADMIN_URL) as url:
+        upstream, upstream_url = start_upstream(workdir)
+        gateway = None
+        try:
+            config = gateway_config(
+                url,
+                workdir / "data",
+                upstream_url,
+                rewards={"webhook_secrets": [{"secret": SECRET, "tenant": "local"}], "max_batch": 1000},
+                journal={"ship_interval_s": 0.05},
+                log_level="warning",
+            )
+            gateway, root = start_gateway(write_config(workdir / "gateway.yaml", config), workdir)
+            trajectories = record_trajectories(f"{root}/v1", [f"bench-{i}" for i in range(sizes["trajectories"])])
+            wait_until(lambda: count(url, "SELECT count(*) FROM trajectories") >= len(trajectories), 60)
+            all_rounds = []
+            for index in range(rounds):
+                result = run_round(root, url, trajectories, sizes, index)
+                print(
+                    f"round {index + 1}/{rounds}: " + ", ".join(f"{k}={v:.1f}" for k, v in result.items()), flush=True
+                )
+                all_rounds.append(result)
+        finally:
+            if gateway is not None:
+                gateway.stop()
+            upstream.stop()
 
     median = {key: statistics.median(r[key] for r in all_rounds) for key in all_rounds[0]}
     rows = [

@@ -19,21 +19,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Hashable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from apprentice.processes import ManagedProcess, free_port
-from bench.gateway_overhead import REPO, apprentice_argv, drop_database, log, recreate_database, wait_ready
+from apprentice.processes import ManagedProcess
+from bench.gateway_overhead import wait_ready
+from bench.harness import (
+    bench_env,
+    db_upgrade,
+    drop_database,
+    log,
+    recreate_database,
+    start_gateway,
+    start_upstream,
+)
 from bench.loadgen import LoadClient
 from bench.report import write_section
 from bench.stats import median, percentile
 
-HOST = "127.0.0.1"
 ADMIN_URL = os.environ.get("APPRENTICE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 K = TypeVar("K", bound=Hashable)
@@ -43,13 +49,12 @@ class SideBySide:
     """The processes of one run. `urls` maps each target to its /v1 URL: "direct" (the fake
     upstream) first, then every gateway in the order `add_gateway` started it."""
 
-    def __init__(self, workdir: Path, database_url: str, env: dict[str, str], upstream_port: int) -> None:
+    def __init__(self, workdir: Path, database_url: str, env: dict[str, str]) -> None:
         self.workdir = workdir
         self.database_url = database_url
         self.env = env
-        self.upstream_port = upstream_port
-        self.upstream_url = f"http://{HOST}:{upstream_port}/v1"
-        self.urls: dict[str, str] = {"direct": self.upstream_url}
+        self.upstream_url = ""  # set once the fake upstream runs
+        self.urls: dict[str, str] = {}
         self.processes: list[ManagedProcess] = []
         self._upgraded = False
 
@@ -70,24 +75,11 @@ class SideBySide:
         shared = {"database_url": self.database_url, "data_dir": str(self.workdir / slug), "auth": {"mode": "open"}}
         path.write_text(json.dumps({**shared, **config}))
         if not self._upgraded:
-            subprocess.run(
-                apprentice_argv() + ["db", "upgrade", "--config", str(path)],
-                check=True,
-                cwd=REPO,
-                env=self.env,
-                timeout=300,
-            )
+            db_upgrade(path, self.env)
             self._upgraded = True
-        port = free_port()
-        gateway = ManagedProcess(
-            name,
-            apprentice_argv() + ["gateway", "--config", str(path), "--host", HOST, "--port", str(port)],
-            self.workdir / f"{slug}.log",
-            cwd=REPO,
-        )
-        gateway.env = self.env
-        self.start(gateway)
-        self.urls[name] = f"http://{HOST}:{port}/v1"
+        gateway, root = start_gateway(path, self.workdir, name=name, env=self.env, ready_timeout=None)
+        self.processes.append(gateway)
+        self.urls[name] = f"{root}/v1"
         await wait_ready(self.urls[name], None, 120)
         return self.urls[name]
 
@@ -98,22 +90,13 @@ async def side_by_side(name: str, hidden_env: tuple[str, ...] = ("APPRENTICE_",)
     without DATABASE_URL and the variables starting with `hidden_env`. On the way out every process
     is stopped, the last started first, and the database dropped."""
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
-    upstream_port = free_port()
     database = f"apprentice_bench_{name}"
     database_url = recreate_database(ADMIN_URL, database)
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith(hidden_env)}
-    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    stack = SideBySide(workdir, database_url, env, upstream_port)
+    stack = SideBySide(workdir, database_url, bench_env(hidden_env))
     try:
-        stack.start(
-            ManagedProcess(
-                "fake upstream",
-                [sys.executable, "-m", "tests.support.fake_upstream", "--port", str(upstream_port)],
-                workdir / "upstream.log",
-                cwd=REPO,
-                ready_url=f"{stack.upstream_url}/models",
-            )
-        )
+        upstream, stack.upstream_url = start_upstream(workdir)
+        stack.processes.append(upstream)
+        stack.urls["direct"] = stack.upstream_url
         yield stack
     finally:
         for process in reversed(stack.processes):

@@ -50,7 +50,8 @@ import yaml
 
 from apprentice.commands.up import DEFAULT_POLICY, default_config
 from apprentice.processes import ManagedProcess, free_port
-from bench.gateway_overhead import MODEL, chat_body, drop_database, pg_connect, recreate_database
+from bench.gateway_overhead import MODEL, chat_body
+from bench.harness import HOST, drop_database, pg_connect, recreate_database, start_up, start_upstream
 from bench.loadgen import Connection, Endpoint
 from bench.report import machine_line, markdown_table, write_section
 from bench.soak_probe import database_sizes, directory_bytes, tree_open_fds, tree_rss_bytes
@@ -60,7 +61,6 @@ from examples.word_limit_agent import TOPICS, post_reward_later, score, task_pro
 
 SECTION_TITLE = "Soak: the whole loop under steady traffic"
 REPO = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"
 FIRST_WORDS = 8
 SECOND_WORDS = 5
 MAX_TOKENS = 24
@@ -110,17 +110,7 @@ def service_pids(up_pid: int) -> dict[str, int]:
 
 def start_product(args: argparse.Namespace) -> Product:
     work = Path(tempfile.mkdtemp(prefix="apprentice-soak-"))
-    upstream_port = free_port()
-    upstream = ManagedProcess(
-        "fake upstream",
-        [sys.executable, "-m", "tests.support.fake_upstream", "--host", HOST, "--port", str(upstream_port)],
-        work / "upstream.log",
-        cwd=REPO,
-        ready_url=f"http://{HOST}:{upstream_port}/v1/models",
-    )
-    upstream.start()
-    upstream.wait_ready(30)
-    upstream_url = f"http://{HOST}:{upstream_port}/v1"
+    upstream, upstream_url = start_upstream(work)
     db_url = recreate_database(args.pg_admin_url, args.db_name)
     port, model_port = free_port(), free_port()
     data_dir = work / "data"
@@ -134,24 +124,12 @@ def start_product(args: argparse.Namespace) -> Product:
     ]
     config_path = work / "apprentice.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("APPRENTICE_") and k != "DATABASE_URL"}
-    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    up = ManagedProcess(
-        "apprentice up",
-        [sys.executable, "-m", "apprentice.cli", "up", "--config", str(config_path)],
-        work / "up.log",
-        env=env,
-        inherit_env=False,
-        cwd=REPO,
-    )
+    try:
+        up = start_up(config_path, work, timeout_s=args.start_timeout)
+    except RuntimeError:
+        upstream.stop()
+        raise
     product = Product(work, up, upstream, f"http://{HOST}:{port}/v1", upstream_url, db_url, data_dir)
-    up.start()
-    deadline = time.monotonic() + args.start_timeout
-    while "Apprentice is up" not in up.log_text():
-        if not up.alive() or time.monotonic() > deadline:
-            product.stop()
-            raise RuntimeError(f"apprentice up did not start:\n{up.log_text()[-3000:]}")
-        time.sleep(0.5)
     product.pids = service_pids(up.pid)
     missing = set(SERVICES) - set(product.pids)
     if missing:

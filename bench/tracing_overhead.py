@@ -27,11 +27,11 @@ import urllib.request
 from typing import Any
 
 from apprentice.processes import ManagedProcess, free_port
-from bench.gateway_overhead import REPO, endpoint
+from bench.gateway_overhead import endpoint
+from bench.harness import HOST, REPO
 from bench.loadgen import LoadClient
 from bench.report import machine_line, markdown_table
 from bench.side_by_side import (
-    HOST,
     added,
     arguments,
     interleaved_rounds,

@@ -27,18 +27,16 @@ from apprentice.promotion import service
 from apprentice.promotion.adapter_store import MANIFEST
 from apprentice.settings import Settings
 from apprentice.store.engine import make_async_engine
-from tests.test_promotion_adapter_files import promote_now
-from tests.test_promotion_cycle import (  # noqa: F401
+from tests.support.promotion import (
     LocalServerProcess,
     Models,
     add_candidate,
-    local_server,
     policy_config,
+    promote_now,
     run_task,
     start_gateways,
     status_of,
     tick,
-    tiny,
 )
 
 POLICY = "replicas"
@@ -92,7 +90,7 @@ def resolved_loads(server: LocalServerProcess, name: str) -> int:
 
 
 @pytest.fixture
-def replica(tiny: Models, tmp_path: Path) -> Iterator[Callable[..., LocalServerProcess]]:  # noqa: F811
+def replica(tiny: Models, tmp_path: Path) -> Iterator[Callable[..., LocalServerProcess]]:
     """start(*args, env=...) -> a local server on the tiny model, logging at info (its loads)."""
     started: list[LocalServerProcess] = []
 
@@ -112,8 +110,8 @@ def replica(tiny: Models, tmp_path: Path) -> Iterator[Callable[..., LocalServerP
 
 
 def test_a_replica_started_after_a_promotion_serves_from_the_store(
-    local_server: LocalServerProcess,  # noqa: F811
-    tiny: Models,  # noqa: F811
+    local_server: LocalServerProcess,
+    tiny: Models,
     replica,
     start_gateway,
     db,
@@ -215,7 +213,7 @@ def test_a_replica_started_after_a_promotion_serves_from_the_store(
     assert f"{POLICY}-v1" in published(store)
 
 
-def test_the_resolver_refuses_as_vllm_does(tiny: Models, replica, tmp_path: Path) -> None:  # noqa: F811
+def test_the_resolver_refuses_as_vllm_does(tiny: Models, replica, tmp_path: Path) -> None:
     """`--lora-resolver-dir` (no environment): what is found but does not load is a 400 naming
     the adapter; what does not match this server's base model, or lies outside the directory,
     is the usual 404; the server keeps serving throughout."""

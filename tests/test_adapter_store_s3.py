@@ -27,8 +27,8 @@ from apprentice.settings import PolicySettings
 from apprentice.store.engine import make_async_engine
 from learner.serving.resolver import FilesystemResolver
 from tests.support.processes import REPO_ROOT
+from tests.support.promotion import add_candidate
 from tests.test_adapter_store import make_adapter
-from tests.test_promotion_cycle import add_candidate
 
 BASE = "/models/tiny"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}

@@ -13,19 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import count_rows, wait_for
-from tests.support.processes import REPO_ROOT
-
-
-def cli(database_url: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
-    config = tmp_path / "cli.yaml"
-    config.write_text(yaml.safe_dump({"database_url": database_url, "data_dir": str(tmp_path / "cli-data")}))
-    return subprocess.run(
-        [sys.executable, "-m", "apprentice.cli", *args, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=60,
-    )
+from tests.support.processes import REPO_ROOT, cli
 
 
 def test_keys_are_required_checked_hashed_and_revocable(start_gateway, database_url, db, tmp_path):

@@ -48,6 +48,8 @@ SCREENSHOTS = Path(os.environ.get("APPRENTICE_SCREENSHOTS", REPO_ROOT / "tests" 
 
 ADMIN_KEY = "sk-admin-dashboard-browser"
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
+pytestmark = pytest.mark.browser
+
 POLICY = "writer"
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TASKS = tuple(f"Name {thing}." for thing in ("a colour", "a fruit", "an animal", "a city", "a tree", "a planet"))
@@ -202,32 +204,22 @@ def tool_run(gateway: GatewayProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def module_database(pg_admin_url: str, template_database: str) -> Iterator[str]:
-    """A fresh migrated database for the whole module (the `database_url` fixture is per test)."""
-    from sqlalchemy.engine import make_url
-
-    name = f"apprentice_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_admin_url, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
-    yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(pg_admin_url, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@pytest.fixture(scope="module")
-def setup(module_database: str, fake_upstream: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+def setup(
+    module_database: str,
+    fake_upstream: Any,
+    smollm2_server: ModelServerProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Setup]:
     """The local model behind a gateway, rewarded traffic, one learner run and its canary."""
     import torch
 
     from apprentice.promotion.service import run_promotion_tick
     from apprentice.settings import Settings
     from learner.jobs.policy_trainer import PolicyTrainer
-    from learner.models import fetch_default_model
 
     torch.set_num_threads(2)
     workdir = tmp_path_factory.mktemp("dashboard")
-    server = ModelServerProcess(workdir, fetch_default_model(), BASE, "--threads", "2", "--max-batch-size", "8")
-    server.start()
+    server = smollm2_server  # the session's (tests/conftest.py); it used to start its own, --max-batch-size 8
     gateway: GatewayProcess | None = None
     try:
         policy = {**POLICY_CONFIG, "endpoints": [server.api_base]}
@@ -264,7 +256,6 @@ def setup(module_database: str, fake_upstream: Any, tmp_path_factory: pytest.Tem
     finally:
         if gateway is not None:
             gateway.stop()
-        server.stop()
 
 
 # ---------------------------------------------------------------- the browser

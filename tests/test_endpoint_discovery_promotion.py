@@ -23,7 +23,7 @@ from apprentice.settings import Settings
 from apprentice.store.engine import make_async_engine
 from tests.support.dns_server import TestDnsServer, dns_fixture, port_free_on  # noqa: F401 (the fixture `dns`)
 from tests.support.processes import ModelServerProcess
-from tests.test_promotion_cycle import add_candidate, status_of, tiny  # noqa: F401 (tiny: a fixture)
+from tests.support.promotion import add_candidate, status_of
 
 POLICY = "grown"
 NAME = "tiny-headless.apprentice.test"
@@ -76,7 +76,7 @@ def tick(database_url: str, settings: Settings) -> service.TickReport:
     return run(lambda engine: service.promotion_tick(engine, settings), database_url)
 
 
-def test_a_name_that_never_resolved_makes_the_job_wait_not_reject(db, database_url, dns, tiny):  # noqa: F811
+def test_a_name_that_never_resolved_makes_the_job_wait_not_reject(db, database_url, dns, tiny):
     settings = settings_for(database_url, dns, f"dns+http://{NAME}:8000/v1")
     v1 = add_candidate(db, POLICY, 1, tiny.adapters[1])
     report = tick(database_url, settings)
@@ -85,7 +85,7 @@ def test_a_name_that_never_resolved_makes_the_job_wait_not_reject(db, database_u
     assert f"{POLICY}: endpoint dns+http://{NAME}:8000/v1 has not resolved to any address" in report.errors
 
 
-def test_the_job_loads_the_promoted_adapter_where_the_name_points(db, database_url, dns, tiny, tmp_path):  # noqa: F811
+def test_the_job_loads_the_promoted_adapter_where_the_name_points(db, database_url, dns, tiny, tmp_path):
     port = port_free_on(HOSTS)
     servers = {host: HostModelServer(tmp_path, tiny.base, host, port) for host in HOSTS}
     first, second = servers.values()

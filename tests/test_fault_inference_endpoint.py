@@ -17,16 +17,7 @@ from typing import Any
 import httpx
 
 from tests.conftest import wait_for
-from tests.test_promotion_cycle import (  # noqa: F401
-    AUTH,
-    LocalServerProcess,
-    add_candidate,
-    admin,
-    start_gateways,
-    status_of,
-    tick,
-    tiny,
-)
+from tests.support.promotion import AUTH, LocalServerProcess, add_candidate, admin, start_gateways, status_of, tick
 
 POLICY = "failover"
 
@@ -51,7 +42,7 @@ def adapters_at(server: LocalServerProcess) -> set[str]:
     return {name for name in server.models() if name.startswith(f"{POLICY}-")}
 
 
-def test_an_endpoint_dies_while_a_canary_serves(start_gateway, tiny, db, database_url, tmp_path):  # noqa: F811
+def test_an_endpoint_dies_while_a_canary_serves(start_gateway, tiny, db, database_url, tmp_path):
     servers = [LocalServerProcess(tmp_path / f"server-{i}", tiny.base) for i in range(2)]
     for i, server in enumerate(servers):
         (tmp_path / f"server-{i}").mkdir()

@@ -22,7 +22,7 @@ from gateway.limits.prices import Prices
 from gateway.limits.windows import seconds_until_fits
 from gateway.upstreams.routing import UpstreamTarget
 from tests.conftest import wait_for
-from tests.test_auth import cli
+from tests.support.processes import cli
 
 MESSAGES = [{"role": "user", "content": "hello there"}]
 

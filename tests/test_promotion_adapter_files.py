@@ -8,7 +8,6 @@ asked to load it, and what serves (the promoted version, at the endpoint) is not
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import uuid
 from pathlib import Path
@@ -18,9 +17,7 @@ import pytest
 
 from apprentice.promotion import service
 from apprentice.promotion.files import adapter_files_problem
-from apprentice.settings import Settings
-from apprentice.store.engine import make_async_engine
-from tests.test_promotion_cycle import add_candidate, local_server, policy_config, status_of, tick, tiny  # noqa: F401
+from tests.support.promotion import add_candidate, policy_config, promote_now, status_of, tick
 
 POLICY = "files"
 
@@ -36,28 +33,16 @@ def last_reason(db, version_id: uuid.UUID) -> str:
     ).fetchone()[0]
 
 
-def promote_now(database_url: str, policy: dict, ref: str) -> service.ActionResult:
-    async def once() -> service.ActionResult:
-        engine = make_async_engine(database_url)
-        try:
-            settings = Settings(database_url=database_url, policies=[policy])
-            return await service.promote_now(engine, settings, ref, actor="admin")
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(once())
-
-
 def copy_adapter(source: Path, target: Path) -> Path:
     shutil.copytree(source, target)
     return target
 
 
-def served(local_server) -> set[str]:  # noqa: F811
+def served(local_server) -> set[str]:
     return {name for name in local_server.models() if name.startswith(f"{POLICY}-")}
 
 
-def test_broken_adapter_files_are_refused_by_the_gates(local_server, tiny, db, database_url, tmp_path):  # noqa: F811
+def test_broken_adapter_files_are_refused_by_the_gates(local_server, tiny, db, database_url, tmp_path):
     policy = policy_config(POLICY, local_server)
     add_candidate(db, POLICY, 1, tiny.adapters[1])
     assert promote_now(database_url, policy, f"{POLICY}-v1").transition.changed
@@ -115,8 +100,8 @@ def test_broken_adapter_files_are_refused_by_the_gates(local_server, tiny, db, d
 
 
 def test_rollback_to_a_version_whose_files_are_gone_leaves_the_promoted_one(
-    local_server,  # noqa: F811
-    tiny,  # noqa: F811
+    local_server,
+    tiny,
     db,
     database_url,
     tmp_path,

@@ -12,42 +12,9 @@ import psycopg
 
 from gateway.store.rewards import MERGE_STATEMENTS
 from tests.conftest import count_rows, wait_for
+from tests.support.gateway_calls import chat, post, shipped
 
 POLICY = "grader-agent"
-
-
-def chat(
-    gateway,
-    content: str,
-    *,
-    client_id: str | None = None,
-    group: str | None = None,
-    model: str = "fake-model",
-    key: str = "x",
-) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key}"}
-    if client_id:
-        headers["X-Trajectory-Id"] = client_id
-    if group:
-        headers["X-Group-Id"] = group
-    response = httpx.post(
-        gateway.base_url + "/chat/completions",
-        headers=headers,
-        timeout=30,
-        json={"model": model, "messages": [{"role": "user", "content": content}]},
-    )
-    assert response.status_code == 200, response.text
-    return response
-
-
-def post(gateway, body, *, key: str = "x", headers: dict | None = None) -> httpx.Response:
-    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(
-        gateway.base_url + "/rewards",
-        content=data,
-        timeout=30,
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", **(headers or {})},
-    )
 
 
 def rewards_rows(db) -> list[tuple]:
@@ -55,10 +22,6 @@ def rewards_rows(db) -> list[tuple]:
         "SELECT trajectory_id::text, name, value, status, superseded_at IS NULL, idempotency_key "
         "FROM rewards ORDER BY seq"
     ).fetchall()
-
-
-def shipped(db, n: int) -> None:
-    wait_for(lambda: count_rows(db, "SELECT count(*) FROM calls") >= n, message=f"{n} calls stored")
 
 
 def test_idempotency_history_and_latest_wins(start_gateway, db):

@@ -17,8 +17,9 @@ from gateway.rewards.group_commit import GroupCommitter
 from gateway.store.rewards import Ingested, IntakeRequest, NewReward
 from gateway.trajectories.stitching import uuid7
 from tests.conftest import count_rows, wait_for
+from tests.support.gateway_calls import chat, post, shipped
 from tests.test_durability import proxied
-from tests.test_rewards import POLICY, chat, post, shipped
+from tests.test_rewards import POLICY
 
 
 def reward(target: uuid.UUID, key: str | None, value: float = 0.5, comment: str | None = None) -> NewReward:

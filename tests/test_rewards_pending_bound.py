@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from tests.conftest import count_rows, wait_for
-from tests.test_rewards import chat, post, shipped
+from tests.support.gateway_calls import chat, post, shipped
 
 
 def test_pending_rewards_are_bounded_per_tenant_and_expire(start_gateway, db):

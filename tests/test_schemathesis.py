@@ -35,9 +35,12 @@ from urllib.parse import urlsplit
 
 import httpx
 import openai
+import pytest
 
-from tests.support.processes import REPO_ROOT
-from tests.test_auth import cli
+from tests.support.processes import REPO_ROOT, cli
+
+# About two minutes of fuzzing (make test-fast skips it).
+pytestmark = pytest.mark.slow
 
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts" / "schemathesis"
 

@@ -21,7 +21,7 @@ from apprentice.store.engine import make_async_engine
 from gateway.judging.store import find_ready_groups
 from learner.jobs.selection import count_new_groups, select
 from tests.conftest import wait_for
-from tests.test_auth import cli
+from tests.support.processes import cli
 from tests.test_ui import login
 
 ADMIN_KEY = "admin-key-for-opt-out-tests"

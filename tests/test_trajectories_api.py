@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from tests.test_rewards import chat, post, shipped
+from tests.support.gateway_calls import chat, post, shipped
 
 
 def test_targets_trajectory_api_and_listing(start_gateway, db):

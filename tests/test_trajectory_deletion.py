@@ -9,7 +9,7 @@ import uuid
 import httpx
 
 from tests.conftest import count_rows
-from tests.test_rewards import chat, post, shipped
+from tests.support.gateway_calls import chat, post, shipped
 
 
 def _keys(database_url: str) -> list[str]:

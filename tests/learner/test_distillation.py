@@ -24,21 +24,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import wait_for
-from tests.learner.test_learning import ALL_THINGS, deliver_late, linked_rewards, sample
 from tests.support.fake_teacher import RULE_PREFIX, follows_rule
-from tests.support.processes import ModelServerProcess
+from tests.support.learning import (
+    ALL_THINGS,
+    BASE,
+    POLICY,
+    WEBHOOK_SECRET,
+    deliver_late,
+    linked_rewards,
+    openai_client,
+    sample,
+)
 
-POLICY = "writer"
-BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+pytestmark = pytest.mark.learning
+
 TEACHER = "teacher"
-WEBHOOK_SECRET = "whsec-learning-test"  # tests.learner.test_learning.post_rewards signs with it
 TEACHER_THINGS = ALL_THINGS[:20]
 TEACHER_SEEDS = (0, 1, 2, 3)  # seed 3: the teacher rambles (reward 0)
 CANARY_THINGS = ALL_THINGS[24:44]
@@ -125,24 +131,15 @@ def deliver(gateway: Any, db: Any, results: list[dict[str, Any]]) -> None:
 def held_out(client: Any, model: str) -> float:
     """Success by the hidden rule on prompts no phase sent, at temperature 1 with fixed seeds.
 
-    `sample` (test_learning) scores its word limit: 1 means the answer ended by itself within
+    `sample` (tests/support/learning.py) scores its word limit: 1 means the answer ended by itself within
     8 words; the rule also needs the prefix."""
     results = sample(client, model, EVAL_THINGS, EVAL_SEEDS, raw=False)
     return sum(r["reward"] == 1.0 and r["text"].strip().startswith(RULE_PREFIX) for r in results) / len(results)
 
 
-@pytest.fixture
-def model_server(smollm2_dir: Path, tmp_path: Path):
-    server = ModelServerProcess(tmp_path, smollm2_dir, BASE, "--threads", "2", "--max-batch-size", "32")
-    server.start()
-    yield server
-    server.stop()
-
-
 def test_distil_from_the_teacher_take_over_by_canary_then_continue_by_rl(
     model_server, start_gateway, fake_upstream, database_url, db, tmp_path, capsys
 ):
-    import openai
     import torch
 
     from apprentice.promotion.service import run_promotion_tick
@@ -187,8 +184,7 @@ def test_distil_from_the_teacher_take_over_by_canary_then_continue_by_rl(
     settings = Settings(
         database_url=database_url, data_dir=tmp_path / "learner", model_list=[teacher_entry], policies=[policy]
     )
-    through_gateway = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=300)
-    direct = openai.OpenAI(base_url=model_server.api_base, api_key="unused", max_retries=0, timeout=300)
+    through_gateway, direct = openai_client(gateway.base_url), openai_client(model_server.api_base)
     timeline: list[str] = []
 
     def mark(what: str) -> None:

@@ -27,6 +27,9 @@ import torch
 
 from tests.learner import distributed_worker as worker
 
+# torchrun process groups on the tiny model (make test-fast skips it).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 ATOL = 1e-5  # 0.1% of the largest update (1e-2); measured differences are up to 1.9e-6
 

@@ -22,7 +22,7 @@ from learner.distributed.sharding import split_step
 from learner.jobs.kubernetes import KubernetesLauncher, job_manifest, started
 from learner.jobs.scheduler import Learner
 from tests.learner.fake_kubernetes import FakeCluster, FakeKubernetesAPI
-from tests.learner.test_grpo_run import populate, settings_for, trained
+from tests.support.runs import populate, settings_for, trained
 
 TOKEN = "fake-service-account-token"
 ROOT = Path(__file__).resolve().parents[2]

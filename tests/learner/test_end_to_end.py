@@ -23,11 +23,15 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 import yaml
 
 from apprentice.commands.up import default_config
 from examples.word_limit_agent import HELD_OUT_TOPICS, TOPICS, score, task_prompt
 from tests.support.processes import REPO_ROOT, free_port, wait_http
+
+# `apprentice up` learns on the real SmolLM2: minutes (make test-fast skips it).
+pytestmark = pytest.mark.learning
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MAX_WORDS = 8

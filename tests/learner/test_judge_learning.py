@@ -28,29 +28,31 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import count_rows, wait_for
-from tests.learner.test_learning import (
+from tests.support.learning import (
     BASE,
     EVAL_THINGS,
     LEARNING,
-    MAX_TOKENS,
+    POLICY,
     ROUNDS,
     SAMPLES_PER_TASK,
     TASKS_PER_ROUND,
     TRAIN_THINGS,
+    Rounds,
+    learning_policy,
+    openai_client,
+    round_seeds,
+    round_things,
     success_rate,
 )
-from tests.support.processes import ModelServerProcess
+from tests.support.learning import sample as sample_with
 
-POLICY = "writer"
 JUDGE_WORDS = 10  # the judge's rule, never shown to the policy
 JUDGE_MODEL = f"judge-short{JUDGE_WORDS}"
 EVAL_SEEDS = (11, 12)  # 80 held-out samples, twice test_learning's: less noise in base and final
@@ -72,35 +74,8 @@ def judged_success(text: str) -> float:
 
 
 def sample(client: Any, model: str, things: list[str], seeds: tuple[int, ...], *, raw: bool) -> list[dict[str, Any]]:
-    """One call per (thing, seed), 32 at a time so that the server batches them."""
-
-    def one(job: tuple[str, int]) -> dict[str, Any]:
-        thing, seed = job
-        messages = [{"role": "user", "content": prompt(thing)}]
-        if raw:
-            answer = client.chat.completions.with_raw_response.create(
-                model=model, messages=messages, max_tokens=MAX_TOKENS, seed=seed
-            )
-            completion, trajectory = answer.parse(), answer.headers["x-trajectory-id"]
-        else:
-            completion = client.chat.completions.create(
-                model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=1.0, seed=seed
-            )
-            trajectory = None
-        choice = completion.choices[0]
-        text = choice.message.content or ""
-        return {
-            "thing": thing,
-            "seed": seed,
-            "text": text,
-            "finish_reason": choice.finish_reason,
-            "trajectory_id": trajectory,
-            "reward": judged_success(text),
-        }
-
-    jobs = [(thing, seed) for thing in things for seed in seeds]
-    with ThreadPoolExecutor(32) as pool:
-        return list(pool.map(one, jobs))
+    """The harness's sampling with this module's prompt, scored by the judge's rule."""
+    return sample_with(client, model, things, seeds, raw=raw, prompt_of=prompt, score=lambda t, _: judged_success(t))
 
 
 def judgement_rows(db: Any, policy: str) -> list[dict[str, Any]]:
@@ -200,25 +175,13 @@ def judge_entry(name: str, api_base: str) -> dict[str, Any]:
     return {"model_name": name, "litellm_params": {"model": f"openai/{name}", "api_base": api_base, "api_key": "sk-j"}}
 
 
-@pytest.fixture(scope="module")
-def model_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServerProcess]:
-    """One server for both tests (module scope; test_learning's fixture is per test)."""
-    server = ModelServerProcess(
-        tmp_path_factory.mktemp("serve"), smollm2_dir, BASE, "--threads", "2", "--max-batch-size", "32"
-    )
-    server.start()
-    yield server
-    server.stop()
-
-
+@pytest.mark.learning
 def test_the_policy_learns_from_the_judge_alone(
     model_server, start_gateway, fake_upstream, database_url, db, tmp_path, capsys
 ):
-    import openai
     import torch
 
     from apprentice.settings import Settings
-    from learner.jobs.run import run_once
 
     started = time.monotonic()
     torch.set_num_threads(2)
@@ -230,19 +193,10 @@ def test_the_policy_learns_from_the_judge_alone(
         "max_group_size": SAMPLES_PER_TASK,
         "concurrency": 4,
     }
-    policy = {
-        "name": POLICY,
-        "base_model": BASE,
-        "endpoints": [model_server.api_base],
-        "temperature": 1.0,
-        "learning": LEARNING,
-        "promotion": {"kl_bound": 1.0},
-        "judge": judge,
-    }
+    policy = learning_policy(model_server.api_base, judge=judge)
     model_list = [judge_entry(JUDGE_MODEL, fake_upstream.api_base)]
     gateway = start_gateway(model_list=model_list, policies=[policy], adapter_poll_interval_s=0.2)
-    through_gateway = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=300)
-    direct = openai.OpenAI(base_url=model_server.api_base, api_key="unused", max_retries=0, timeout=300)
+    through_gateway, direct = openai_client(gateway.base_url), openai_client(model_server.api_base)
     settings = Settings(
         database_url=database_url,
         data_dir=tmp_path / "learner",
@@ -252,17 +206,15 @@ def test_the_policy_learns_from_the_judge_alone(
     )
     assert settings.policies[0].reward_source == "webhook_else_judge"
 
+    rounds = Rounds(settings, gateway, "judge learning test", started=started)
     base_results = sample(direct, BASE, EVAL_THINGS, EVAL_SEEDS, raw=False)
     base_rate = success_rate(base_results)
-    timeline = [f"base eval {time.monotonic() - started:.0f}s"]
+    rounds.mark("base eval")
 
-    outcomes = []
     round_rates = []
     for round_number in range(ROUNDS):
-        things = TRAIN_THINGS[round_number * TASKS_PER_ROUND : (round_number + 1) * TASKS_PER_ROUND]
-        seeds = tuple(1000 * round_number + i for i in range(SAMPLES_PER_TASK))
         with JudgeHold(db, POLICY, judge) as hold:
-            results = sample(through_gateway, POLICY, things, seeds, raw=True)
+            results = sample(through_gateway, POLICY, round_things(round_number), round_seeds(round_number), raw=True)
             ids = [r["trajectory_id"] for r in results]
             wait_quiet(db, ids, JUDGE_WAIT_S)
             hold.release()
@@ -273,28 +225,16 @@ def test_the_policy_learns_from_the_judge_alone(
         assert len(judged) == TASKS_PER_ROUND, "one judgement per group (max_group_size = the group's size)"
         waited = time.monotonic() - sampled_at
         recorded = count_rows(db, "SELECT max(latency_ms) / 1000 FROM calls WHERE trajectory_id = ANY(%s::uuid[])", ids)
-
-        outcome = run_once(settings, POLICY, trigger=f"test-judge-round-{round_number}")
-        assert outcome.status == "succeeded", (outcome.status, outcome.error, outcome.metrics)
-        outcomes.append(outcome)
-        promoted = httpx.post(
-            f"{gateway.base_url}/admin/versions/{outcome.version_name}/promote",
-            timeout=120,
-            json={"reason": "judge learning test"},
+        rounds.train_and_promote(
+            round_number,
+            f"rate {round_rates[-1]:.2f} calls answered in <= {recorded:.1f}s, judged {waited:.1f}s after recorded",
         )
-        assert promoted.status_code == 200, promoted.text
-        time.sleep(0.6)  # the gateway polls serving versions every 0.2 s
-        timeline.append(
-            f"round {round_number} {time.monotonic() - started:.0f}s rate {round_rates[-1]:.2f} "
-            f"calls answered in <= {recorded:.1f}s, judged {waited:.1f}s after recorded, "
-            f"groups {outcome.metrics['reward_sources']} "
-            f"loss {outcome.metrics['train']['loss']:.4f} steps {outcome.metrics['train']['optimizer_steps']}"
-        )
+        rounds.timeline[-1] += f" groups {rounds.outcomes[-1].metrics['reward_sources']}"
 
-    final = outcomes[-1].version_name
+    final = rounds.final
     final_results = sample(direct, final, EVAL_THINGS, EVAL_SEEDS, raw=False)
     final_rate = success_rate(final_results)
-    elapsed = time.monotonic() - started
+    elapsed = rounds.elapsed
 
     def ended(results: list[dict[str, Any]]) -> float:  # the answer also ended by itself
         return sum(r["reward"] for r in results if r["finish_reason"] == "stop") / len(results)
@@ -309,7 +249,7 @@ def test_the_policy_learns_from_the_judge_alone(
             f"of {len(EVAL_THINGS)} fresh prompts (ended by itself: {ended(base_results):.3f} -> "
             f"{ended(final_results):.3f}); rounds {[round(r, 2) for r in round_rates]}; {elapsed:.0f}s"
         )
-        print("  " + "; ".join(timeline))
+        print("  " + "; ".join(rounds.timeline))
         for run in runs:
             print("  run", run)
 
@@ -349,11 +289,11 @@ def test_the_policy_learns_from_the_judge_alone(
     assert elapsed < BUDGET_S, f"the judge learning test took {elapsed:.0f}s"
 
 
+@pytest.mark.learning
 def test_the_local_model_judges_its_own_groups_through_the_gateway(
     model_server, start_gateway, database_url, db, tmp_path, capsys
 ):
     """SmolLM2 as the judge of its own policy: wiring only, the quality of its scores is not asserted."""
-    import openai
     import torch
 
     from apprentice.settings import Settings
@@ -381,9 +321,9 @@ def test_the_local_model_judges_its_own_groups_through_the_gateway(
         "judge": judge,
     }
     gateway = start_gateway(model_list=[], policies=[policy])
-    client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=300)
+    through_gateway = openai_client(gateway.base_url)
     with JudgeHold(db, POLICY, judge) as hold:  # whole groups only (see JudgeHold)
-        results = sample(client, POLICY, TRAIN_THINGS[:groups], tuple(range(size)), raw=True)
+        results = sample(through_gateway, POLICY, TRAIN_THINGS[:groups], tuple(range(size)), raw=True)
         ids = {r["trajectory_id"] for r in results}
         wait_quiet(db, list(ids), JUDGE_WAIT_S)
         hold.release()

@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from learner.jobs import run as run_module
 from learner.jobs.run import run_once
 from tests.conftest import wait_for
-from tests.learner.test_grpo_run import base, populate, settings_for, trained  # noqa: F401
+from tests.support.runs import populate, settings_for, trained
 from tests.support.tcp_proxy import CuttableProxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ elif stage == "commit":
 
     lifecycle.record_candidate = held_record
 
-from tests.learner.test_grpo_run import settings_for
+from tests.support.runs import settings_for
 
 print(run_module.run_once(settings_for(database_url, Path(data_dir), base), "p"), flush=True)
 """
@@ -78,7 +78,7 @@ def adapters_of(data_dir: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
 
 
-def kill_learner_at(stage: str, database_url: str, data_dir: Path, base: str, tmp_path: Path) -> str:  # noqa: F811
+def kill_learner_at(stage: str, database_url: str, data_dir: Path, base: str, tmp_path: Path) -> str:
     """Start a learner run in its own process, wait until it is held at `stage`, SIGKILL it."""
     marker = tmp_path / f"held-{stage}"
     driver = tmp_path / "driver.py"
@@ -108,7 +108,7 @@ def kill_learner_at(stage: str, database_url: str, data_dir: Path, base: str, tm
         log.close()
 
 
-def run_after_kill(database_url: str, data_dir: Path, base: str):  # noqa: F811
+def run_after_kill(database_url: str, data_dir: Path, base: str):
     """The next run; PostgreSQL drops the killed learner's session (and its lock) within moments."""
     settings = settings_for(database_url, data_dir, base)
     outcome = wait_for(
@@ -122,7 +122,7 @@ def test_a_learner_killed_leaves_no_version_and_the_next_run_retries(
     stage,
     database_url,
     db,
-    base,  # noqa: F811
+    base,
     tmp_path,
 ):
     ids = populate(db, base)
@@ -159,7 +159,7 @@ def test_a_learner_killed_leaves_no_version_and_the_next_run_retries(
 def test_postgresql_gone_during_a_run_leaves_the_previous_state_and_says_so(
     database_url,
     db,
-    base,  # noqa: F811
+    base,
     tmp_path,
     monkeypatch,
 ):

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import psycopg
-import pytest
 
 from learner.jobs import run as run_module
 from learner.jobs.policy_trainer import PolicyTrainer
 from learner.jobs.run import run_once
-from tests.learner.test_grpo_run import add_trajectory, populate, settings_for, trained
-
-
-@pytest.fixture
-def base(tiny_model_dir) -> str:
-    return str(tiny_model_dir)
+from tests.support.runs import add_trajectory, populate, settings_for, trained
 
 
 def group(db: psycopg.Connection, base: str, task: str, version: str | None = None) -> list[str]:

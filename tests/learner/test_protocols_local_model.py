@@ -22,20 +22,15 @@ import openai
 import pytest
 
 from tests.conftest import count_rows, wait_for
-from tests.support.processes import ModelServerProcess
+from tests.support.learning import BASE
+
+# The real SmolLM2 behind a gateway (make test-fast skips it).
+pytestmark = pytest.mark.slow
 
 POLICY = "agent"
-BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MAX_TOKENS = 12
 INSTRUCTIONS = "Answer in one short sentence."
-
-
-@pytest.fixture(scope="module")
-def model_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    server = ModelServerProcess(tmp_path_factory.mktemp("protocols-server"), smollm2_dir, BASE, "--threads", "2")
-    server.start()
-    yield server
-    server.stop()
+# model_server: the session's SmolLM2 server (tests/learner/conftest.py), shared with the learning tests.
 
 
 @pytest.fixture(scope="module")

@@ -28,33 +28,36 @@ from __future__ import annotations
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import wait_for
-from tests.learner.test_learning import (
+from tests.support.learning import (
     BASE,
     EVAL_THINGS,
-    LEARNING,
     MAX_TOKENS,
+    POLICY,
     SAMPLES_PER_TASK,
     TASKS_PER_ROUND,
     TRAIN_THINGS,
-    WEBHOOK_SECRET,
+    Rounds,
     deliver_late,
+    learning_policy,
     linked_rewards,
+    openai_client,
     prompt,
     reward_items,
     reward_of,
+    round_seeds,
+    round_things,
     sample,
+    start_learning_gateway,
     success_rate,
 )
-from tests.support.processes import ModelServerProcess
 
-POLICY = "writer"
+pytestmark = pytest.mark.learning
+
 # One round fewer than test_learning: 4 rounds of Responses traffic took 8 to 13 minutes on a
 # shared 2-core machine with other tests beside it; 3 rounds of the same size still lift the
 # policy well past the margin (see the module docstring).
@@ -101,54 +104,30 @@ def sample_responses(client: Any, things: list[str], seeds: tuple[int, ...]) -> 
         return list(pool.map(one, jobs))
 
 
-@pytest.fixture
-def model_server(smollm2_dir: Path, tmp_path: Path):
-    server = ModelServerProcess(tmp_path, smollm2_dir, BASE, "--threads", "2", "--max-batch-size", "32")
-    server.start()
-    yield server
-    server.stop()
-
-
 def test_the_policy_learns_from_responses_api_traffic_only(
     model_server, start_gateway, database_url, db, tmp_path, capsys
 ):
-    import openai
     import torch
 
     from apprentice.settings import Settings
-    from learner.jobs.run import run_once
 
     started = time.monotonic()
     torch.set_num_threads(2)
     rng = random.Random(7)
-    policy = {
-        "name": POLICY,
-        "base_model": BASE,
-        "endpoints": [model_server.api_base],
-        "temperature": 1.0,
-        "learning": LEARNING,
-        "promotion": {"kl_bound": 1.0},
-    }
-    gateway = start_gateway(
-        policies=[policy],
-        adapter_poll_interval_s=0.2,
-        rewards={"webhook_secrets": [{"secret": WEBHOOK_SECRET, "tenant": "local"}]},
-    )
-    through_gateway = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=300)
-    direct = openai.OpenAI(base_url=model_server.api_base, api_key="unused", max_retries=0, timeout=300)
+    policy = learning_policy(model_server.api_base)
+    gateway = start_learning_gateway(start_gateway, policy)
+    through_gateway, direct = openai_client(gateway.base_url), openai_client(model_server.api_base)
     settings = Settings(database_url=database_url, data_dir=tmp_path / "learner", policies=[policy])
+    rounds = Rounds(settings, gateway, "responses learning test", started=started)
 
     base_results = sample(direct, BASE, EVAL_THINGS, EVAL_SEEDS, raw=False)
     base_rate = success_rate(base_results)
-    timeline = [f"base eval {time.monotonic() - started:.0f}s"]
+    rounds.mark("base eval")
 
-    outcomes = []
     round_rates = []
     sent: list[dict[str, Any]] = []
     for round_number in range(ROUNDS):
-        things = TRAIN_THINGS[round_number * TASKS_PER_ROUND : (round_number + 1) * TASKS_PER_ROUND]
-        seeds = tuple(1000 * round_number + i for i in range(SAMPLES_PER_TASK))
-        results = sample_responses(through_gateway, things, seeds)
+        results = sample_responses(through_gateway, round_things(round_number), round_seeds(round_number))
         sent.extend(results)
         round_rates.append(success_rate(results))
         delivery = deliver_late(gateway.url, reward_items(results, round_number), rng)
@@ -159,26 +138,12 @@ def test_the_policy_learns_from_responses_api_traffic_only(
             timeout=60,
             message="rewards linked",
         )
+        rounds.train_and_promote(round_number, f"rate {round_rates[-1]:.2f}")
 
-        outcome = run_once(settings, POLICY, trigger=f"responses-round-{round_number}")
-        assert outcome.status == "succeeded", (outcome.status, outcome.error, outcome.metrics)
-        outcomes.append(outcome)
-        promoted = httpx.post(
-            f"{gateway.base_url}/admin/versions/{outcome.version_name}/promote",
-            timeout=120,
-            json={"reason": "responses learning test"},
-        )
-        assert promoted.status_code == 200, promoted.text
-        time.sleep(0.6)  # the gateway polls serving versions every 0.2 s
-        timeline.append(
-            f"round {round_number} {time.monotonic() - started:.0f}s rate {round_rates[-1]:.2f} "
-            f"loss {outcome.metrics['train']['loss']:.4f} steps {outcome.metrics['train']['optimizer_steps']}"
-        )
-
-    final = outcomes[-1].version_name
+    final = rounds.final
     final_results = sample(direct, final, EVAL_THINGS, EVAL_SEEDS, raw=False)
     final_rate = success_rate(final_results)
-    elapsed = time.monotonic() - started
+    elapsed = rounds.elapsed
 
     runs = db.execute(
         "SELECT status, trajectories, groups, groups_equal_rewards, tokens, clip_fraction "
@@ -189,7 +154,7 @@ def test_the_policy_learns_from_responses_api_traffic_only(
             f"\nresponses learning test: base {base_rate:.3f} -> {final} {final_rate:.3f} on {len(base_results)} "
             f"samples of {len(EVAL_THINGS)} fresh prompts; rounds {[round(r, 2) for r in round_rates]}; {elapsed:.0f}s"
         )
-        print("  " + "; ".join(timeline))
+        print("  " + "; ".join(rounds.timeline))
         for run in runs:
             print("  run", run)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ __all__ = [
     "ManagedProcess",
     "ModelServerProcess",
     "ProcessFailed",
+    "cli",
     "free_port",
     "wait_http",
 ]
@@ -150,3 +152,16 @@ class ModelServerProcess(ManagedProcess):
     def start(self) -> None:
         super().start()
         self.wait_ready(self.start_timeout)
+
+
+def cli(database_url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`apprentice ARGS --config` on a config naming only the database (keys, db commands)."""
+    config = tmp_path / "cli.yaml"
+    config.write_text(yaml.safe_dump({"database_url": database_url, "data_dir": str(tmp_path / "cli-data")}))
+    return subprocess.run(
+        [sys.executable, "-m", "apprentice.cli", *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+    )
