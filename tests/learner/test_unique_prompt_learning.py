@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_for
-from tests.learner.test_learning import (
+from tests.support.learning import (
     BASE,
     EVAL_THINGS,
     LEARNING,
@@ -34,6 +34,8 @@ from tests.learner.test_learning import (
     success_rate,
 )
 from tests.support.processes import ModelServerProcess
+
+pytestmark = pytest.mark.learning
 
 ROUNDS = 4
 CALLS_PER_ROUND = 48
