@@ -214,10 +214,11 @@ class PromotionSettings(BaseModel):
     # Interval on mean(lineage) - mean(promoted): the always-valid confidence sequence (valid at
     # every tick's look), or the fixed-sample Welch's t or percentile bootstrap (one look only).
     method: Literal["sequential", "welch", "bootstrap"] = "sequential"
-    # A run counts in the comparison once its first call is this old: its rewards arrive within
-    # this window and its value is then fixed, so each look extends the sequence the last one saw
-    # (apprentice/promotion/sequential.py). A reward arriving later still counts at later looks.
-    settle_s: float = Field(default=30.0, ge=0)
+    # A run counts in the comparison once its first call is this old: set it to how late your
+    # rewards arrive, so that a run's value is fixed when it enters and each look extends the
+    # sequence the last one saw (apprentice/promotion/sequential.py); `apprentice up` sets 10 s.
+    # 0: a run counts as soon as it has a reward (a reward arriving later changes an earlier term).
+    settle_s: float = Field(default=0.0, ge=0)
     # Automatic mode: a lineage with no verdict this long after its first canary started is
     # rejected (a long time for continuous learning: `apprentice up` sets it long).
     timeout_s: float = Field(default=24 * 3600.0, gt=0)

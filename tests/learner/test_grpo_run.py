@@ -37,7 +37,8 @@ def test_a_run_records_a_candidate_and_marks_what_it_used(database_url, db, base
     ]
     assert trained(db, ids["useful"]) == [run_id] * 4
     assert trained(db, ids["equal"]) == [run_id] * 3, "set aside: no signal, consumed"
-    assert trained(db, ids["small"]) == [None] and trained(db, ids["foreign"]) == [None, None]
+    # A group of one trains against its task family's other rewards (docs/learner.md, families).
+    assert trained(db, ids["small"]) == [run_id] and trained(db, ids["foreign"]) == [None, None]
     run = db.execute(
         "SELECT status, produced_version_id::text, trajectories, groups, groups_equal_rewards, "
         "groups_greedy, samples, tokens, loss, mean_reward, mean_advantage, kl, clip_fraction, "
@@ -62,12 +63,13 @@ def test_a_run_records_a_candidate_and_marks_what_it_used(database_url, db, base
         config_json,
         metrics,
     ) = run
-    assert (status, produced, n_traj, groups, equal, greedy, samples) == ("succeeded", vid, 4, 1, 1, 0, 4)
-    assert tokens == 12 and mean_reward == 0.5 and mean_adv == pytest.approx(0.866, abs=1e-3)
+    # the useful group of four, and the lone member of task C pooled against its family
+    assert (status, produced, n_traj, groups, equal, greedy, samples) == ("succeeded", vid, 5, 2, 1, 0, 5)
+    assert tokens == 14 and mean_reward == pytest.approx(0.6) and mean_adv == pytest.approx(0.893, abs=1e-3)
     assert loss is not None and kl is not None and 0 <= clip <= 1 and duration > 0
     assert "src:" in code and config_json["learning"]["lr"] == 1e-3
     assert metrics["skipped_trajectories"] == {"other_model": 2}
-    assert metrics["groups"]["too_small"] == 1 and metrics["train"]["optimizer_steps"] >= 1
+    assert metrics["groups"]["pooled"] == 1 and metrics["train"]["optimizer_steps"] >= 1
 
     again = run_once(settings_for(database_url, tmp_path, base), "p")
     assert again.status == "skipped", "nothing new to learn from"
