@@ -149,7 +149,7 @@ def test_reviewed_policy_waits_for_the_admin(start_gateway, local_server, tiny, 
     tick(database_url, policy)
     assert status_of(db, v2) == "canary"
     time.sleep(0.6)
-    canary_round(db, [gateway], "reviewer", ("reviewer-v2", "reviewer-v1"), 0.8, 0.3, rng, min_each=5)
+    canary_round(db, [gateway], "reviewer", ("reviewer-v2", "reviewer-v1"), 0.8, 0.3, rng)
 
     report = tick(database_url, policy)
     assert status_of(db, v2) == "canary", "a reviewed policy never promotes by itself"

@@ -258,12 +258,12 @@ def canary_round(
     canary_reward: float,
     incumbent_reward: float,
     rng: random.Random,
-    min_each: int = 8,
+    min_each: int = 20,
 ) -> list[Run]:
     """Runs until both arms have `min_each` runs; rewards them (canary vs incumbent) by POST /v1/rewards."""
     runs: list[Run] = []
     while min(sum(r.served[0] == name for r in runs) for name in names) < min_each:
-        assert len(runs) < 80, f"the split never filled both arms: {[r.served[0] for r in runs]}"
+        assert len(runs) < 200, f"the split never filled both arms: {[r.served[0] for r in runs]}"
         runs.append(run_task(gateways, policy, f"task {uuid.uuid4().hex[:8]}: name a colour"))
     assert all(len(set(r.served)) == 1 for r in runs), "every run stays on the version of its first call"
     assert {r.served[0] for r in runs} == set(names)
