@@ -176,6 +176,8 @@ def selection_params(**extra: Any) -> dict[str, Any]:
         "judge_prefix": JUDGE_TRAJECTORY_PREFIX,
         "max_age_s": 7 * 86400.0,
         "limit": 500,
+        "min_group_size": 4,
+        "pool": True,
         **extra,
     }
 
