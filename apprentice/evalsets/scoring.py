@@ -50,7 +50,7 @@ __all__ = [
 class ExpectedAnswer(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["expected"] = "expected"
+    method: Literal["expected"]
     expected: str = Field(min_length=1)
     match: Literal["exact", "contains", "regex"] = "exact"
     case_sensitive: bool = False
@@ -72,7 +72,7 @@ class ExpectedAnswer(BaseModel):
 class JudgeScoring(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["judge"] = "judge"
+    method: Literal["judge"]
     rubric: str | None = None
     reference: str | None = None
 
@@ -80,7 +80,7 @@ class JudgeScoring(BaseModel):
 class RewardFunction(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["reward_function"] = "reward_function"
+    method: Literal["reward_function"]
     name: str = Field(min_length=1)
 
 
