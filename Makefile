@@ -30,7 +30,11 @@ test: $(BIN)/.installed
 # The deeper fuzz of the whole API (tests/test_schemathesis.py): 100 examples an operation, a new
 # seed each run (printed; FUZZ_SEED=<seed> replays it). About ten minutes on a quiet two-core machine.
 FUZZ_EXAMPLES ?= 100
+ifeq ($(FUZZ_SEED),)
+FUZZ_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
 fuzz: $(BIN)/.installed
+	@echo "fuzz seed $(FUZZ_SEED) (FUZZ_SEED=$(FUZZ_SEED) replays it)"
 	APPRENTICE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) APPRENTICE_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest tests/test_schemathesis.py
 
 # The edit loop: everything but the real-model learning tests, the browser tests and the slow ones

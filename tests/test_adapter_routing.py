@@ -41,7 +41,11 @@ def run(clients: list[openai.OpenAI], task: str, turns: int = 3) -> list[str]:
 
 def test_promoted_canary_split_and_switch(start_gateway, fake_upstream, db):
     policy = {"name": "agent", "base_model": "fake-base", "endpoints": [fake_upstream.api_base]}
-    gateways = [start_gateway(policies=[policy], adapter_poll_interval_s=0.2) for _ in range(2)]
+    # The margin is generous: a loaded CI machine can take longer than the default to ship a call.
+    gateways = [
+        start_gateway(policies=[policy], adapter_poll_interval_s=0.2, stitching={"parent_wait_margin_s": 5.0})
+        for _ in range(2)
+    ]
     clients = [openai.OpenAI(base_url=g.base_url, api_key="x", max_retries=0) for g in gateways]
 
     assert run(clients, "before any adapter", turns=1) == ["fake-base"]

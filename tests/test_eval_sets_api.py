@@ -70,9 +70,11 @@ def test_eval_sets_through_the_admin_api_and_the_cli(start_gateway, database_url
             added = client.post(f"{base}/sums/items", json={"trajectory_ids": [ids[0]], "items": []})
             return added.status_code == 201 and len(added.json()["data"]) == 1
 
-        from tests.conftest import wait_for
+        from tests.conftest import count_rows, wait_for
 
         wait_for(recorded, timeout=30)  # the shipper moved the call into PostgreSQL
+        # and the rewards posted before it are linked to their runs (what a query by reward reads)
+        wait_for(lambda: count_rows(db, "SELECT count(*) FROM rewards WHERE status = 'linked'") == 2, timeout=30)
         added = client.post(
             f"{base}/sums/items",
             json={"items": [outright], "trajectory_ids": [unknown], "query": {"min_reward": 0.5}},

@@ -10,7 +10,8 @@ assigned (the arm is by run, drawn at random: another process cannot recompute i
 So while a canary serves the policy, such a call asks the store for the parent call (one indexed
 lookup by continuation key) and joins its run and version at once. The parent may not be stored
 yet: its process ships its journal every `journal.ship_interval_s`, and an agent's next call can
-come sooner. The lookup is retried until a ship interval and a margin have passed; a parent not
+come sooner. The lookup is retried until a ship interval and a margin
+(`stitching.parent_wait_margin_s`) have passed; a parent not
 found by then leaves the call provisional, and its run draws an arm of its own (a miss: it
 dilutes the canary's comparison, it cannot bias it, since the run's first call recorded the arm
 that counts). Without a canary nothing is looked up: the version is the promoted one anyway.
@@ -30,7 +31,6 @@ from gateway.trajectories.stitching import OpenTrajectory, TrajectoryAssignment
 log = logging.getLogger(__name__)
 
 RETRY_S = 0.05
-MARGIN_S = 0.3
 
 
 async def continue_stored_run(
@@ -39,13 +39,14 @@ async def continue_stored_run(
     *,
     tenant: str,
     ship_interval_s: float,
+    margin_s: float,
     open_window_s: float,
 ) -> TrajectoryAssignment:
     """`assignment` joined to the stored run it continues, or unchanged when none is found in time."""
     parent_key = assignment.keys.parent_key
     if not assignment.stitch_pending or parent_key is None:
         return assignment
-    deadline = time.monotonic() + ship_interval_s + MARGIN_S
+    deadline = time.monotonic() + ship_interval_s + margin_s
     while True:
         try:
             parent = await find_parent_call(engine, tenant, parent_key, open_window_s)

@@ -53,6 +53,29 @@ def _error(status: int, message: str, err_type: str = "invalid_request_error") -
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
+# OpenAI's bounds on the fields that size an answer (n, top_logprobs) or a stream (fake_stream).
+_BOUNDS = {"n": (1, 128), "top_logprobs": (0, 20)}
+_STREAM_BOUNDS = {"chunks": (0, 10_000), "chunk_delay_ms": (0, 10_000)}
+
+
+def _out_of_range(body: dict[str, Any]) -> str | None:
+    """Why a request's sizing fields are refused, or None."""
+    shape = body.get("fake_stream")
+    checks = [(body, _BOUNDS, "")]
+    if shape is not None:
+        if not isinstance(shape, dict):
+            return "fake_stream must be an object"
+        checks.append((shape, _STREAM_BOUNDS, "fake_stream."))
+    for fields, bounds, prefix in checks:
+        for name, (low, high) in bounds.items():
+            value = fields.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                return f"{prefix}{name} must be a number from {low} to {high}"
+    return None
+
+
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
     for message in reversed(messages):
         if message.get("role") in ("user", "tool"):
@@ -160,15 +183,18 @@ class FakeUpstream:
         self.requests.append(body)
         self.headers.append({k.lower(): v for k, v in request.headers.items()})
         model = str(body.get("model", ""))
-        if model.startswith("fail-"):
-            status = int(model.split("-", 1)[1])
+        if model.startswith("fail-") and model[5:].isdigit() and 400 <= int(model[5:]) <= 599:
+            status = int(model[5:])
             return _error(
                 status, f"fake upstream failure {status}", "server_error" if status >= 500 else "invalid_request_error"
             )
-        if model.startswith("slow-"):
-            await asyncio.sleep(int(model.split("-", 1)[1]) / 1000)
+        if model.startswith("slow-") and model[5:].isdigit():
+            await asyncio.sleep(min(int(model[5:]), 60_000) / 1000)
         if not isinstance(body.get("messages"), list):
             return _error(400, "messages must be a list")
+        refused = _out_of_range(body)
+        if refused:  # as OpenAI refuses them: what a fuzzer sends must not take the fake down
+            return _error(400, refused)
         self.counter += 1
         completion_id = f"chatcmpl-fake{self.counter:08d}"
         if model.startswith("judge-"):

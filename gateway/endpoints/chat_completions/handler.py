@@ -324,6 +324,7 @@ class ChatCompletionsEndpoint:
                     assignment,
                     tenant=key.tenant,
                     ship_interval_s=self.state.settings.journal.ship_interval_s,
+                    margin_s=self.state.settings.stitching.parent_wait_margin_s,
                     open_window_s=self.state.settings.stitching.open_window_s,
                 )
             continued = assignment.continued

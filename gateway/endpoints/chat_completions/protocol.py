@@ -65,8 +65,10 @@ class ChatCompletionRequest(_Open):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-    n: int | None = None
+    # OpenAI's bounds, declared as OpenAI declares them; forwarded unread, so the upstream is the
+    # one that refuses a value outside them (OpenAI with a 400, which the gateway relays).
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    n: int | None = Field(None, ge=1, le=128)
     seed: int | None = None
     stop: str | list[str] | None = None
 

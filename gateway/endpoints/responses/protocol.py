@@ -41,7 +41,7 @@ class ResponsesRequest(_Open):
     top_p: float | None = None
     text: dict[str, Any] | None = Field(None, description="`text.format`: `json_schema` or `json_object` output.")
     include: list[str] | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI's bounds (the upstream refuses others)
     metadata: dict[str, str] | None = None
     store: bool | None = None
     user: str | None = None
