@@ -569,7 +569,13 @@ def report(results: list[Result], command: str, write: bool) -> None:
     )
     print(body)
     if write:
-        write_section(SECTION_TITLE, body)
+        write_section(section_title(sorted({traffic for _, traffic, *_ in results})), body)
+
+
+def section_title(traffics: list[str]) -> str:
+    """One section of docs/benchmarks.md per set of traffic shapes, so a run of one shape does
+    not replace another's figures."""
+    return SECTION_TITLE if traffics == ["grouped"] else f"{SECTION_TITLE} ({', '.join(traffics)} traffic)"
 
 
 def main() -> None:
