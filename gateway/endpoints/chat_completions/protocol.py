@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.endpoints.responses.translate import MAX_TOP_LOGPROBS
+
 
 class _Open(BaseModel):
     """A wire object that may carry fields not named here."""
@@ -67,7 +69,7 @@ class ChatCompletionRequest(_Open):
     logprobs: bool | None = None
     # OpenAI's bounds, declared as OpenAI declares them; forwarded unread, so the upstream is the
     # one that refuses a value outside them (OpenAI with a 400, which the gateway relays).
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     n: int | None = Field(None, ge=1, le=128)
     seed: int | None = None
     stop: str | list[str] | None = None

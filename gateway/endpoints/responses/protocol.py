@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.endpoints.responses.translate import MAX_TOP_LOGPROBS
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -41,7 +43,7 @@ class ResponsesRequest(_Open):
     top_p: float | None = None
     text: dict[str, Any] | None = Field(None, description="`text.format`: `json_schema` or `json_object` output.")
     include: list[str] | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI's bounds (the upstream refuses others)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # the translator's bound (OpenAI's)
     metadata: dict[str, str] | None = None
     store: bool | None = None
     user: str | None = None
