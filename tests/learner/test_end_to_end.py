@@ -245,6 +245,13 @@ def test_apprentice_up_learns_promotes_and_restarts(smollm2_dir: Path, tmp_path:
     timeline: list[str] = []
     try:
         base_rate, trained_rate, promoted = asyncio.run(drive(up, model_port, timeline))
+    except BaseException:
+        print(
+            "\n".join(timeline),
+            "\n--- the end of apprentice up's log ---\n",
+            up.log.read_text(errors="replace")[-12000:],
+        )
+        raise
     finally:
         code = up.interrupt()
     print("\n".join(timeline))
