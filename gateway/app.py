@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,7 +22,7 @@ from starlette.routing import Match
 from apprentice.settings import Settings
 from apprentice.store.schema import check_schema
 from gateway import __version__
-from gateway.endpoints import openapi, operations
+from gateway.endpoints import openapi, operations, paths
 from gateway.endpoints.admin import evalsets as admin_evalsets
 from gateway.endpoints.admin import exploration as admin_exploration
 from gateway.endpoints.admin import judging as admin_judging
@@ -44,17 +44,6 @@ from gateway.state import GatewayState
 from gateway.ui import routes as ui_routes
 
 log = logging.getLogger(__name__)
-
-CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
-RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
-MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
-COUNT_TOKENS_PATHS = frozenset({"/v1/messages/count_tokens", "/messages/count_tokens"})
-# Paths that answer POST only: other methods (TRACE, GET, ...) get 405 naming it, as FastAPI's
-# routes answer. Every operation without /v1, and Responses and Messages under /v1 too: neither
-# protocol has another method on these paths, and forwarding one would answer the upstream's 404.
-# GET /v1/chat/completions alone still goes to the upstream (OpenAI lists stored completions there),
-# as any /v1 request FastAPI does not route.
-POST_ONLY = (CHAT_PATHS | RESPONSES_PATHS | MESSAGES_PATHS | COUNT_TOKENS_PATHS) - {"/v1/chat/completions"}
 
 
 def _error_response(error: GatewayError) -> Response:
@@ -126,6 +115,8 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
     return app
 
 
+ASGIHandler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
@@ -150,6 +141,17 @@ class GatewayApp:
         self.messages = MessagesEndpoint(self.state, self.chat)
         self.passthrough = PassthroughEndpoint(self.state)
         self.rewards = rewards_handler.RewardsEndpoint(self.state, self.fastapi.state)
+        # POST on these paths goes straight to its handler (paths.py lists them for the document too)
+        handlers: list[tuple[tuple[str, ...], ASGIHandler]] = [
+            (paths.CHAT_COMPLETIONS, self.chat),
+            (paths.RESPONSES, self.responses),
+            (paths.MESSAGES, self.messages),
+            (paths.COUNT_TOKENS, self.messages.count_tokens),
+            (paths.REWARDS, self.rewards),
+        ]
+        self.served_first: dict[str, ASGIHandler] = {path: handler for group, handler in handlers for path in group}
+        if set(self.served_first) != set(paths.SERVED_FIRST):
+            raise RuntimeError("GatewayApp's handlers and gateway/endpoints/paths.py list different paths")
 
     def _fastapi_handles(self, scope: Scope) -> bool:
         return any(route.matches(scope)[0] != Match.NONE for route in self.fastapi.router.routes)
@@ -157,22 +159,11 @@ class GatewayApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path = scope["path"]
-            if path in CHAT_PATHS and scope["method"] == "POST":
-                await self.chat(scope, receive, send)
+            handler = self.served_first.get(path) if scope["method"] == "POST" else None
+            if handler is not None:
+                await handler(scope, receive, send)
                 return
-            if path in RESPONSES_PATHS and scope["method"] == "POST":
-                await self.responses(scope, receive, send)
-                return
-            if path in MESSAGES_PATHS and scope["method"] == "POST":
-                await self.messages(scope, receive, send)
-                return
-            if path in COUNT_TOKENS_PATHS and scope["method"] == "POST":
-                await self.messages.count_tokens(scope, receive, send)
-                return
-            if path == rewards_handler.PATH and scope["method"] == "POST":
-                await self.rewards(scope, receive, send)
-                return
-            if path in POST_ONLY:
+            if path in paths.POST_ONLY:
                 await send_error(send, GatewayError(405, "Method Not Allowed"), [(b"allow", b"POST")])
                 return
             if path.startswith("/v1/") and not self._fastapi_handles(scope):

@@ -15,15 +15,16 @@ import pytest
 from apprentice.settings import Settings
 from gateway import app as gateway_app
 from gateway.endpoints import openapi
+from gateway.endpoints import paths as served_first
 
 OPENAI, ANTHROPIC = "OpenAIError", "AnthropicError"
 REF = "#/components/schemas/"
 # Every (method, path) GatewayApp answers before FastAPI, with its error format and whether it streams.
 HOT: dict[tuple[str, str], tuple[str, bool]] = {
-    **{("post", path): (OPENAI, True) for path in gateway_app.CHAT_PATHS},
-    **{("post", path): (OPENAI, True) for path in gateway_app.RESPONSES_PATHS},
-    **{("post", path): (ANTHROPIC, True) for path in gateway_app.MESSAGES_PATHS},
-    **{("post", path): (ANTHROPIC, False) for path in gateway_app.COUNT_TOKENS_PATHS},
+    **{("post", path): (OPENAI, True) for path in served_first.CHAT_COMPLETIONS},
+    **{("post", path): (OPENAI, True) for path in served_first.RESPONSES},
+    **{("post", path): (ANTHROPIC, True) for path in served_first.MESSAGES},
+    **{("post", path): (ANTHROPIC, False) for path in served_first.COUNT_TOKENS},
     ("post", "/v1/embeddings"): (OPENAI, False),  # forwarded by the passthrough
 }
 RECORDED = {path for (_, path) in HOT if "count_tokens" not in path and "embeddings" not in path}
@@ -142,10 +143,10 @@ def test_documented_endpoints_still_reach_their_handlers_and_answer_as_documente
     responses = {"model": "agent", "input": "Hello"}
     messages = {"model": "agent", "max_tokens": 32, "messages": [{"role": "user", "content": "Hello"}]}
     bodies: dict[str, dict[str, Any]] = {
-        **{path: chat for path in gateway_app.CHAT_PATHS},
-        **{path: responses for path in gateway_app.RESPONSES_PATHS},
-        **{path: messages for path in gateway_app.MESSAGES_PATHS},
-        **{path: {k: v for k, v in messages.items() if k != "max_tokens"} for path in gateway_app.COUNT_TOKENS_PATHS},
+        **{path: chat for path in served_first.CHAT_COMPLETIONS},
+        **{path: responses for path in served_first.RESPONSES},
+        **{path: messages for path in served_first.MESSAGES},
+        **{path: {k: v for k, v in messages.items() if k != "max_tokens"} for path in served_first.COUNT_TOKENS},
         "/v1/embeddings": {"model": "fake-model", "input": ["a", "b"]},
     }
     with httpx.Client(base_url=gateway.url, headers={"x-api-key": "any", "anthropic-version": "2023-06-01"}) as client:

@@ -62,6 +62,7 @@ from gateway.endpoints.messages.protocol import (
     TokenCount,
 )
 from gateway.endpoints.models.protocol import ModelList
+from gateway.endpoints.paths import CHAT_COMPLETIONS, COUNT_TOKENS, MESSAGES, RESPONSES, SERVED_FIRST
 from gateway.endpoints.responses.protocol import (
     InputItemList,
     ResponseObject,
@@ -198,7 +199,7 @@ class DocumentationOnly(RuntimeError):
 
 
 def _declare(
-    paths: tuple[str, ...],
+    served_at: tuple[str, ...],
     endpoint: Callable[..., Any],
     *,
     tag: str,
@@ -209,13 +210,13 @@ def _declare(
     stream: type[BaseModel] | None = None,
 ) -> None:
     """Declare `POST` on each path (the first is the /v1 one, the others its aliases) on `router`."""
-    for position, path in enumerate(paths):
+    for position, path in enumerate(served_at):
         router.add_api_route(
             path,
             endpoint,
             methods=["POST"],
             tags=[tag] if position == 0 else [WITHOUT_V1],
-            summary=summary if position == 0 else f"{summary} (as POST {paths[0]})",
+            summary=summary if position == 0 else f"{summary} (as POST {served_at[0]})",
             description=description,
             response_model=None,
             responses={200: ok, **errors},
@@ -244,7 +245,7 @@ async def create_chat_completion(
 
 
 _declare(
-    ("/v1/chat/completions", "/chat/completions"),
+    CHAT_COMPLETIONS,
     create_chat_completion,
     tag="chat completions",
     summary="Create a chat completion",
@@ -272,7 +273,7 @@ async def create_response(
 
 
 _declare(
-    ("/v1/responses", "/responses"),
+    RESPONSES,
     create_response,
     tag="responses",
     summary="Create a model response",
@@ -303,7 +304,7 @@ async def create_message(
 
 
 _declare(
-    ("/v1/messages", "/messages"),
+    MESSAGES,
     create_message,
     tag="messages",
     summary="Create a message",
@@ -332,7 +333,7 @@ async def count_message_tokens(
 
 
 _declare(
-    ("/v1/messages/count_tokens", "/messages/count_tokens"),
+    COUNT_TOKENS,
     count_message_tokens,
     tag="messages",
     summary="Count the tokens of a message",
@@ -443,14 +444,14 @@ LINKS: list[ResourceLink] = [
     ),
     *[
         ResourceLink(("post", path, "200"), _TRAJECTORY_OPERATIONS, "trajectory_id", _RECORDED_TRAJECTORY)
-        for path in ("/v1/chat/completions", "/chat/completions", "/v1/messages", "/messages")
+        for path in (*CHAT_COMPLETIONS, *MESSAGES)
     ],
     ResourceLink(
         ("get", "/v1/trajectories", "200"), _TRAJECTORY_OPERATIONS, "trajectory_id", "$response.body#/data/0/id"
     ),
     *[
         ResourceLink(("post", path, "200"), _RESPONSE_OPERATIONS, "response_id", "$response.body#/id")
-        for path in ("/v1/responses", "/responses")
+        for path in RESPONSES
     ],
     ResourceLink(
         ("post", "/v1/rewards", "200"),
@@ -502,6 +503,9 @@ def document(app: FastAPI) -> dict[str, Any]:
     declared = set(_operations(router.routes))
     if served & declared:
         raise ValueError(f"declared here and routed by FastAPI too: {sorted(served & declared)}")
+    undocumented = {(path, "post") for path in SERVED_FIRST} - served - declared
+    if undocumented:
+        raise ValueError(f"served before FastAPI but documented nowhere: {sorted(undocumented)}")
     spec = get_openapi(
         title=app.title,
         version=app.version,
@@ -520,7 +524,14 @@ def document(app: FastAPI) -> dict[str, Any]:
 
 
 def _operations(routes: Iterable[Any]) -> Iterable[tuple[str, str]]:
+    """(path, method) of every documented operation. FastAPI keeps an included router as one route
+    object that holds the router's own (its `original_router`); the app includes every router
+    without a prefix, so their paths are the app's."""
     for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from _operations(included.routes)
+            continue
         if getattr(route, "include_in_schema", False):
             for method in getattr(route, "methods", None) or ():
                 yield route.path_format, method.lower()

@@ -17,23 +17,20 @@ the text (translate.count_tokens_text), said so in the `x-apprentice-token-count
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import aiohttp
 import orjson
 
-from gateway import metrics
 from gateway.auth.keys import KeyInfo
-from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
 from gateway.endpoints.chat_completions.request import ChatRequest
 from gateway.endpoints.messages.errors import MessagesError, error_body
 from gateway.endpoints.messages.translate import count_tokens_text, estimate_tokens, to_chat_request
 from gateway.endpoints.messages.wire import MessagesWire
-from gateway.endpoints.native import NativeProtocol, forward_request
-from gateway.http.asgi import JSON_HEADERS, Receive, Scope, Send, header, read_body, send_response
+from gateway.endpoints.native import NativeProtocol
+from gateway.endpoints.translating import Refusal, TranslatingEndpoint
+from gateway.http.asgi import JSON_HEADERS, Receive, Scope, Send, header, send_response
 from gateway.http.errors import GatewayError
-from gateway.state import GatewayState
 from gateway.trajectories.stitching import MessageKeys, continuation_keys, request_keys, uuid7
 from gateway.upstreams.routing import RoutePlan, UpstreamTarget
 
@@ -137,60 +134,37 @@ class MessagesNative(NativeProtocol):
 NATIVE = MessagesNative()
 
 
-def speaks_messages(plan: RoutePlan) -> bool:
-    return plan.policy is None and bool(plan.targets) and PROTOCOL in plan.targets[0].protocols
+class MessagesEndpoint(TranslatingEndpoint):
+    native = NATIVE
+    protocol_errors = (MessagesError,)
 
+    async def authenticate(self, scope: Scope) -> KeyInfo:
+        return await self.state.authenticate(with_api_key(scope))
 
-class MessagesEndpoint:
-    def __init__(self, state: GatewayState, chat: ChatCompletionsEndpoint) -> None:
-        self.state = state
-        self.chat = chat
-        self.limit = state.settings.limits.max_body_bytes
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        return parse_body(raw)
 
-    async def _accept(self, scope: Scope, receive: Receive) -> tuple[KeyInfo, bytes, dict[str, Any], RoutePlan]:
-        key = await self.state.authenticate(with_api_key(scope))
-        raw = await read_body(receive, scope, self.limit)
-        body = parse_body(raw)
-        return key, raw, body, self.chat.plan(body["model"])
+    async def translate(
+        self,
+        key: KeyInfo,
+        body: dict[str, Any],
+        created_at: float,
+        trajectory: str | None,
+        group: str | None,
+        family: str | None,
+    ) -> tuple[ChatRequest, MessagesWire]:
+        chat_body = to_chat_request(body)
+        chat_body["model"] = body["model"]
+        request = ChatRequest.translated(chat_body, trajectory, group, family)
+        return request, MessagesWire(body, message_id=f"msg_{uuid7().hex}")
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.perf_counter()
-        created_at = time.time()
-        try:
-            key, raw, body, plan = await self._accept(scope, receive)
-            trajectory, group = header(scope, b"x-trajectory-id"), header(scope, b"x-group-id")
-            if speaks_messages(plan):
-                await forward_request(
-                    self.state,
-                    NATIVE,
-                    key,
-                    body,
-                    raw,
-                    plan,
-                    scope,
-                    send,
-                    client_trajectory_id=trajectory,
-                    group_id=group,
-                    started=started,
-                    created_at=created_at,
-                )
-                return
-            chat_body = to_chat_request(body)
-            chat_body["model"] = body["model"]
-            request = ChatRequest.translated(chat_body, trajectory, group, header(scope, b"x-task-family"))
-            wire = MessagesWire(body, message_id=f"msg_{uuid7().hex}")
-        except (GatewayError, MessagesError) as error:
-            metrics.REQUESTS.labels(PROTOCOL, metrics.status_class(error.status)).inc()
-            await send_messages_error(send, error.status, error.message)
-            return
-        except ConnectionResetError:
-            return
-        await self.chat.serve(key, request, plan, send, started=started, created_at=created_at, wire=wire)
+    async def send_refusal(self, send: Send, error: Refusal) -> None:
+        await send_messages_error(send, error.status, error.message)
 
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            key, raw, body, plan = await self._accept(scope, receive)
-            if speaks_messages(plan):
+            key, raw, body, plan = await self.accept(scope, receive)
+            if self.speaks_natively(plan):
                 target = plan.targets[0]
                 client_headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope["headers"]}
                 answer = await self._post(

@@ -12,23 +12,22 @@ Two ways through, chosen by where the model goes:
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from gateway import metrics
 from gateway.auth.keys import KeyInfo
 from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
 from gateway.endpoints.chat_completions.request import ChatRequest, parse_model_request
-from gateway.endpoints.native import NativeProtocol, chain_keys, forward_request, response_chain_key
+from gateway.endpoints.native import NativeProtocol, chain_keys, response_chain_key
 from gateway.endpoints.responses.history import ResponseHistory
 from gateway.endpoints.responses.translate import to_chat_request
 from gateway.endpoints.responses.wire import ResponsesWire
-from gateway.http.asgi import Receive, Scope, Send, header, read_body, send_error
+from gateway.endpoints.translating import Refusal, TranslatingEndpoint
+from gateway.http.asgi import Send, send_error
 from gateway.http.errors import GatewayError
 from gateway.http.query_text import refuse_nul
 from gateway.state import GatewayState
 from gateway.trajectories.stitching import MessageKeys, uuid7
-from gateway.upstreams.routing import RoutePlan, UpstreamTarget
+from gateway.upstreams.routing import UpstreamTarget
 
 PROTOCOL = "responses"
 PASSED_HEADERS = ("openai-organization", "openai-project", "openai-beta")
@@ -70,62 +69,28 @@ class ResponsesNative(NativeProtocol):
 NATIVE = ResponsesNative()
 
 
-def speaks_responses(plan: RoutePlan) -> bool:
-    return plan.policy is None and bool(plan.targets) and PROTOCOL in plan.targets[0].protocols
+class ResponsesEndpoint(TranslatingEndpoint):
+    native = NATIVE
 
-
-class ResponsesEndpoint:
     def __init__(self, state: GatewayState, chat: ChatCompletionsEndpoint) -> None:
-        self.state = state
-        self.chat = chat
+        super().__init__(state, chat)
         self.history = ResponseHistory(state.engine)
-        self.limit = state.settings.limits.max_body_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.perf_counter()
-        created_at = time.time()
-        try:
-            key = await self.state.authenticate(scope)
-            raw = await read_body(receive, scope, self.limit)
-            body = parse_model_request(raw)
-            plan = self.chat.plan(body["model"])
-            trajectory = header(scope, b"x-trajectory-id")
-            group = header(scope, b"x-group-id")
-            if speaks_responses(plan):
-                await forward_request(
-                    self.state,
-                    NATIVE,
-                    key,
-                    body,
-                    raw,
-                    plan,
-                    scope,
-                    send,
-                    client_trajectory_id=trajectory,
-                    group_id=group,
-                    started=started,
-                    created_at=created_at,
-                )
-                return
-            request, wire = await self._translate(
-                key, body, created_at, trajectory, group, header(scope, b"x-task-family")
-            )
-        except GatewayError as error:
-            metrics.REQUESTS.labels(PROTOCOL, metrics.status_class(error.status)).inc()
-            await send_error(send, error)
-            return
-        except ConnectionResetError:
-            return
-        await self.chat.serve(key, request, plan, send, started=started, created_at=created_at, wire=wire)
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        return parse_model_request(raw)
 
-    async def _translate(
+    async def send_refusal(self, send: Send, error: Refusal) -> None:
+        assert isinstance(error, GatewayError)  # the only refusal this protocol raises
+        await send_error(send, error)
+
+    async def translate(
         self,
         key: KeyInfo,
         body: dict[str, Any],
         created_at: float,
         trajectory: str | None,
         group: str | None,
-        family: str | None = None,
+        family: str | None,
     ) -> tuple[ChatRequest, ResponsesWire]:
         previous = None
         previous_id = body.get("previous_response_id")

@@ -15,7 +15,6 @@ from gateway.http.asgi import Receive, Scope, Send, read_body, send_response
 from gateway.http.errors import GatewayError
 from gateway.state import GatewayState
 
-PATH = "/v1/rewards"
 
 
 class RewardsEndpoint:
