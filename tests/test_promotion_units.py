@@ -385,7 +385,8 @@ def test_promotion_does_not_import_torch():
     import subprocess
 
     code = (
-        "import sys, apprentice.promotion.service, gateway.endpoints.admin.routes; "
+        "import sys, apprentice.promotion.actions, apprentice.promotion.tick, apprentice.promotion.listing, "
+        "gateway.endpoints.admin.routes; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
