@@ -751,7 +751,7 @@ def summarize(times: dict[str, list[float]], targets: list[tuple[str, str]]) -> 
 
 # What made pages slow at this size and what changed (issue 14), for the report.
 FIXES = [
-    "- Version pages (and their `/ui/data/versions/...`): the admin API's `service.version_detail` reads every "
+    "- Version pages (and their `/ui/data/versions/...`): the admin API's `listing.version_detail` reads every "
     "version row of the policy (10,000 rows, each with its gates and evaluation documents decoded) to find the "
     "parent, the lineage and its head: about a second. The dashboard now uses `gateway.ui.queries.version_detail`, "
     "the same answer (checked field by field against the admin API's for the newest, a middle, the promoted, the "

@@ -153,7 +153,7 @@ def first_routed(db: psycopg.Connection, version_id: uuid.UUID, timeout: float =
 async def trials(
     database_url: str, settings: Any, gateway_url: str, adapters: list[Path], db: psycopg.Connection
 ) -> tuple[list[dict[str, float]], dict[str, float]]:
-    from apprentice.promotion import lifecycle, loading, service
+    from apprentice.promotion import lifecycle, loading, tick
     from apprentice.store.engine import make_async_engine
 
     engine = make_async_engine(database_url)
@@ -197,7 +197,7 @@ async def trials(
                 "training_run_id) VALUES (%s, 'bench-policy', %s, %s, 'candidate', 'bench', %s, %s)",
                 (version_id, number, name, str(path), run_id),
             )
-            report = await service.promotion_tick(engine, settings)
+            report = await tick.promotion_tick(engine, settings)
             assert not report.errors, report.errors
             assert any(a["version"] == name and a["action"] == "canary" for a in report.actions), report.actions
             committed = commits[0]

@@ -277,7 +277,7 @@ def test_a_version_name_the_store_cannot_hold_fails_its_publish_permanently(tmp_
     from apprentice.promotion.adapter_store import PublishError
     from apprentice.promotion.lifecycle import VersionStatus
     from apprentice.promotion.rows import AdapterVersion
-    from apprentice.promotion.service import _publish
+    from apprentice.promotion.serving import _publish
 
     policy = PolicySettings(
         name=".hidden",

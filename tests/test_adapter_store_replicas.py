@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from apprentice.promotion import service
+from apprentice.promotion import actions, clock, loading
 from apprentice.promotion.adapter_store import MANIFEST
 from apprentice.settings import Settings
 from apprentice.store.engine import make_async_engine
@@ -65,7 +65,7 @@ def later(database_url: str, seconds: float) -> datetime:
     async def once() -> datetime:
         engine = make_async_engine(database_url)
         try:
-            return await service.database_now(engine) + timedelta(seconds=seconds)
+            return await clock.database_now(engine) + timedelta(seconds=seconds)
         finally:
             await engine.dispose()
 
@@ -165,7 +165,7 @@ def test_a_replica_started_after_a_promotion_serves_from_the_store(
     assert served <= {f"{POLICY}-v1", f"{POLICY}-v2"} and served
 
     # The canary is rejected: its copy stays for the grace (calls in flight), then goes.
-    with_service(database_url, policy, lambda e, s: service.reject(e, s, f"{POLICY}-v2", actor="admin"))
+    with_service(database_url, policy, lambda e, s: actions.reject(e, s, f"{POLICY}-v2", actor="admin"))
     tick(database_url, policy)
     assert f"{POLICY}-v2" in published(store)
     report = tick(database_url, policy, now=later(database_url, grace + 1))
@@ -185,9 +185,9 @@ def test_a_replica_started_after_a_promotion_serves_from_the_store(
     shutil.copytree(tiny.adapters[3], bad_config)
     (bad_config / "adapter_config.json").write_text('{"r": 8, "peft_type": ')
     v4 = add_candidate(db, POLICY, 4, bad_config)
-    with pytest.raises(service.loading.LoadError) as refused:
+    with pytest.raises(loading.LoadError) as refused:
         with_service(
-            database_url, policy, lambda e, s: service.promote_now(e, s, f"{POLICY}-v4", actor="admin", force=True)
+            database_url, policy, lambda e, s: actions.promote_now(e, s, f"{POLICY}-v4", actor="admin", force=True)
         )
     assert "adapter_config.json is not readable JSON" in str(refused.value) and refused.value.permanent
     assert status_of(db, v4) == "candidate"
@@ -200,7 +200,7 @@ def test_a_replica_started_after_a_promotion_serves_from_the_store(
     tick(database_url, policy, now=later(database_url, grace + 1))
     assert published(store) == {f"{POLICY}-v5"}
     assert chat(b, f"{POLICY}-v5").status_code == 200 and resolved_loads(b, f"{POLICY}-v5") == 1
-    with_service(database_url, policy, lambda e, s: service.rollback(e, s, POLICY, f"{POLICY}-v1", actor="admin"))
+    with_service(database_url, policy, lambda e, s: actions.rollback(e, s, POLICY, f"{POLICY}-v1", actor="admin"))
     assert status_of(db, v1) == "promoted" and status_of(db, v5) == "retired"
     assert published(store) == {f"{POLICY}-v1", f"{POLICY}-v5"}
     manifest = json.loads((store / f"{POLICY}-v1" / MANIFEST).read_text())

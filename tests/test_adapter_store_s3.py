@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from apprentice.processes import ManagedProcess, free_port
-from apprentice.promotion import lifecycle, service
+from apprentice.promotion import clock, lifecycle, reconcile
 from apprentice.promotion.adapter_store import MANIFEST, PRESENT, PUBLISHED, AdapterStore
 from apprentice.promotion.object_store import ObjectStore
 from apprentice.settings import PolicySettings
@@ -169,12 +169,12 @@ def test_the_promotion_job_keeps_the_bucket_in_step(
         engine = make_async_engine(database_url)
         try:
             await lifecycle.promote(engine, v1, actor="admin")  # promoted elsewhere (no store step)
-            first = await service.sync_adapter_store(engine, policy)
+            first = await reconcile.sync_adapter_store(engine, policy)
             await lifecycle.promote(engine, v2, actor="admin")  # v1 retired
-            within = await service.sync_adapter_store(engine, policy)
+            within = await reconcile.sync_adapter_store(engine, policy)
             in_grace = objects.names()
-            after = await service.sync_adapter_store(
-                engine, policy, now=await service.database_now(engine) + timedelta(seconds=61)
+            after = await reconcile.sync_adapter_store(
+                engine, policy, now=await clock.database_now(engine) + timedelta(seconds=61)
             )
             return {"first": first, "within": within, "after": after, "in_grace": in_grace}
         finally:

@@ -22,7 +22,9 @@ from typing import Any
 
 import httpx
 
-from apprentice.promotion import service
+from apprentice.promotion.clock import database_now
+from apprentice.promotion.tick import promotion_tick
+from apprentice.promotion.tick_report import TickReport
 from apprentice.settings import Settings
 from apprentice.store.engine import make_async_engine
 from tests.conftest import wait_for
@@ -169,14 +171,14 @@ def test_each_arm_gets_its_share_of_runs_of_every_prompt(start_gateway, db):
     assert {by_id[t][4] for _, t, _, _ in grouped[groups[0]]} == {f"group:{groups[0]}"}
 
 
-def tick(database_url: str, policy: dict[str, Any]) -> service.TickReport:
+def tick(database_url: str, policy: dict[str, Any]) -> TickReport:
     settings = Settings(database_url=database_url, policies=[policy])
 
-    async def once() -> service.TickReport:
+    async def once() -> TickReport:
         engine = make_async_engine(database_url, pool_size=2, max_overflow=2)
         try:
-            now = await service.database_now(engine) + timedelta(seconds=1)
-            return await service.promotion_tick(engine, settings, now=now)
+            now = await database_now(engine) + timedelta(seconds=1)
+            return await promotion_tick(engine, settings, now=now)
         finally:
             await engine.dispose()
 

@@ -165,7 +165,7 @@ def wait_linked(setup_db_url: str, ids: list[str]) -> None:
 
 def learn_and_tick(setup: Setup, trigger: str) -> str:
     """One learner run in-process, then the promotion tick: the new version's name."""
-    from apprentice.promotion.service import run_promotion_tick
+    from apprentice.promotion.tick import run_promotion_tick
     from learner.jobs.run import run_once
 
     outcome = run_once(setup.settings, POLICY, trigger=trigger, trainer=setup.trainer)
@@ -213,7 +213,7 @@ def setup(
     """The local model behind a gateway, rewarded traffic, one learner run and its canary."""
     import torch
 
-    from apprentice.promotion.service import run_promotion_tick
+    from apprentice.promotion.tick import run_promotion_tick
     from apprentice.settings import Settings
     from learner.jobs.policy_trainer import PolicyTrainer
 

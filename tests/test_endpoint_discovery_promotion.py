@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 
 from apprentice.processes import ManagedProcess
-from apprentice.promotion import service
+from apprentice.promotion import actions
+from apprentice.promotion.tick import promotion_tick
+from apprentice.promotion.tick_report import TickReport
 from apprentice.settings import Settings
 from apprentice.store.engine import make_async_engine
 from tests.support.dns_server import TestDnsServer, dns_fixture, port_free_on  # noqa: F401 (the fixture `dns`)
@@ -70,10 +72,10 @@ def run(coroutine_factory: Any, database_url: str) -> Any:
     return asyncio.run(once())
 
 
-def tick(database_url: str, settings: Settings) -> service.TickReport:
+def tick(database_url: str, settings: Settings) -> TickReport:
     """One pass of the promotion job, as the learner's scheduler runs it, past the refresh period."""
     time.sleep(REFRESH_S * 1.5)
-    return run(lambda engine: service.promotion_tick(engine, settings), database_url)
+    return run(lambda engine: promotion_tick(engine, settings), database_url)
 
 
 def test_a_name_that_never_resolved_makes_the_job_wait_not_reject(db, database_url, dns, tiny):
@@ -98,7 +100,7 @@ def test_the_job_loads_the_promoted_adapter_where_the_name_points(db, database_u
         settings = settings_for(database_url, dns, f"dns+http://{NAME}:{port}/v1")
 
         v1 = add_candidate(db, POLICY, 1, tiny.adapters[1])
-        result = run(lambda engine: service.promote_now(engine, settings, v1, actor="test"), database_url)
+        result = run(lambda engine: actions.promote_now(engine, settings, v1, actor="test"), database_url)
         assert result.transition.changed and status_of(db, v1) == "promoted"
         assert [(e.endpoint, e.action) for e in result.endpoints] == [(first.api_base, "loaded")]
         assert first.adapters() == {f"{POLICY}-v1"} and second.adapters() == set()

@@ -23,7 +23,7 @@ from aiohttp import web
 from apprentice.evalsets import store
 from apprentice.evalsets.paired import non_inferiority
 from apprentice.evalsets.runner import score_on_set
-from apprentice.promotion import service
+from apprentice.promotion import actions, lifecycle, tick
 from apprentice.settings import Settings, WebhookSecret
 from apprentice.store.engine import make_async_engine
 from gateway.rewards.signatures import SIGNATURE_HEADER, SignatureVerifier
@@ -153,7 +153,7 @@ async def test_the_gate_stops_a_version_that_pleases_its_reward_and_passes_one_b
         )
         # v1, promoted: right on 8 items in 10.
         v1 = add_candidate(db, 1, write_adapter(tmp_path, "v1", {"skill": 8}), None)
-        await service.promote_now(engine, settings, v1, actor="test")
+        await actions.promote_now(engine, settings, v1, actor="test")
         assert status_of(db, v1) == "promoted"
 
         # v2 learnt to please the live reward (it flatters) and got worse at arithmetic: 3 in 10.
@@ -170,7 +170,7 @@ async def test_the_gate_stops_a_version_that_pleases_its_reward_and_passes_one_b
         }
         assert live["v2"] > live["v1"]  # better on the live reward it was trained on
 
-        report = await service.promotion_tick(engine, settings)
+        report = await tick.promotion_tick(engine, settings)
         assert status_of(db, v2) == "rejected", report
         reason = db.execute(
             "SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = 'rejected'", (v2,)
@@ -189,7 +189,7 @@ async def test_the_gate_stops_a_version_that_pleases_its_reward_and_passes_one_b
         assert grader.calls == 2 * ITEMS and grader.refused == 0  # v2's run and v1's, every call signed
 
         v3 = add_candidate(db, 3, v3_path, v1)
-        report = await service.promotion_tick(engine, settings)
+        report = await tick.promotion_tick(engine, settings)
         assert status_of(db, v3) == "canary", report
         gates = db.execute("SELECT gates FROM adapter_versions WHERE id = %s", (v3,)).fetchone()[0]
         assert gates["eval_gate"]["outcome"] == "pass"
@@ -217,12 +217,12 @@ async def test_a_gate_that_cannot_score_keeps_the_version_waiting(database_url, 
     engine = make_async_engine(database_url)
     try:
         v1 = add_candidate(db, 1, write_adapter(tmp_path, "v1", {"skill": 8}), None)
-        report = await service.promotion_tick(engine, settings)
+        report = await tick.promotion_tick(engine, settings)
         assert status_of(db, v1) == "candidate"
         assert any("policy 'agent' has no evaluation set 'arithmetic'" in e for e in report.errors), report.errors
         # an admin's approval is refused with the same reason (409 through the admin API)
-        with pytest.raises(service.TransitionError, match="no evaluation set"):
-            await service.approve(engine, settings, v1, actor="admin")
+        with pytest.raises(lifecycle.TransitionError, match="no evaluation set"):
+            await actions.approve(engine, settings, v1, actor="admin")
     finally:
         await engine.dispose()
 
@@ -247,7 +247,7 @@ async def test_the_base_model_is_the_incumbent_when_nothing_is_promoted(database
         base = await score_on_set(engine, settings, settings.policies[0], eval_set, None, trigger="cli")
         assert base.run.target == "base-model" and base.run.mean == pytest.approx(0.6)
         v1 = add_candidate(db, 1, write_adapter(tmp_path, "v1", {"skill": 7}), None)
-        await service.promotion_tick(engine, settings)
+        await tick.promotion_tick(engine, settings)
         assert status_of(db, v1) == "canary"
         gates = db.execute("SELECT gates FROM adapter_versions WHERE id = %s", (v1,)).fetchone()[0]
         assert gates["eval_gate"]["incumbent"] == "base" and gates["eval_gate"]["incumbent_run_id"] == str(base.run.id)

@@ -137,14 +137,14 @@ def _tick_allowing_errors(database_url: str, policy: dict[str, Any]) -> list[str
     """One promotion tick whose errors are expected: returns them."""
     import asyncio
 
-    from apprentice.promotion import service
+    from apprentice.promotion.tick import promotion_tick
     from apprentice.settings import Settings
     from apprentice.store.engine import make_async_engine
 
     async def once() -> list[str]:
         engine = make_async_engine(database_url)
         try:
-            report = await service.promotion_tick(engine, Settings(database_url=database_url, policies=[policy]))
+            report = await promotion_tick(engine, Settings(database_url=database_url, policies=[policy]))
             return report.errors
         finally:
             await engine.dispose()

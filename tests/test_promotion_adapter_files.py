@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from apprentice.promotion import service
+from apprentice.promotion import loading
 from apprentice.promotion.files import adapter_files_problem
 from tests.support.promotion import add_candidate, policy_config, promote_now, status_of, tick
 
@@ -120,7 +120,7 @@ def test_rollback_to_a_version_whose_files_are_gone_leaves_the_promoted_one(
         httpx.post(f"{local_server.api_base}/unload_lora_adapter", json={"lora_name": "rollback-v1"}).status_code == 200
     )
     shutil.rmtree(old_dir)
-    with pytest.raises(service.loading.LoadError) as refused:
+    with pytest.raises(loading.LoadError) as refused:
         promote_now(database_url, policy, "rollback-v1")
     assert "rollback-v1" in str(refused.value) and str(old_dir) in str(refused.value) and refused.value.permanent
     assert status_of(db, old) == "retired" and status_of(db, new) == "promoted"

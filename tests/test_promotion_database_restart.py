@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from apprentice.promotion import service
+from apprentice.promotion import actions, tick
 from apprentice.store.engine import make_async_engine
 from tests.support.tcp_proxy import CuttableProxy
 from tests.test_promotion_lifecycle import ENDPOINT, adapter_path, add_run, add_version, settings_for, status_of
@@ -62,7 +62,7 @@ async def test_a_canary_start_cut_by_a_restart_leaves_the_candidate_and_the_next
     try:
         async with client_for({ENDPOINT: fake}) as client:
             fake.armed = True
-            report = await service.promotion_tick(engine, settings, client=client)
+            report = await tick.promotion_tick(engine, settings, client=client)
             # The previous state, whole: v2 a candidate, no transition; and the job says why.
             assert (status_of(db, v1), status_of(db, v2)) == ("promoted", "candidate")
             assert transitions(db) == []
@@ -74,7 +74,7 @@ async def test_a_canary_start_cut_by_a_restart_leaves_the_candidate_and_the_next
             assert "agent-v2" in fake.loaded  # loaded before the cut: harmless, the reconciler owns it
 
             proxy.restore()
-            report = await service.promotion_tick(engine, settings, client=client)
+            report = await tick.promotion_tick(engine, settings, client=client)
             assert not report.errors, report.errors
             assert ("agent-v2", "canary") in {(a["version"], a["action"]) for a in report.actions}
             assert (status_of(db, v1), status_of(db, v2)) == ("promoted", "canary")
@@ -96,18 +96,18 @@ async def test_a_promotion_cut_by_a_restart_leaves_both_versions_serving_as_they
         async with client_for({ENDPOINT: fake}) as client:
             fake.armed = True
             with pytest.raises(Exception) as cut:
-                await service.promote_now(engine, settings, "agent-v2", actor="admin", client=client)
+                await actions.promote_now(engine, settings, "agent-v2", actor="admin", client=client)
             assert "connection" in str(cut.value).lower() or "server closed" in str(cut.value).lower(), cut.value
             assert (status_of(db, v1), status_of(db, v2)) == ("promoted", "canary")
             assert transitions(db) == []
             assert db.execute("SELECT canary_share FROM adapter_versions WHERE id = %s", (v2,)).fetchone()[0] == 0.3
 
             proxy.restore()
-            done = await service.promote_now(engine, settings, "agent-v2", actor="admin", client=client)
+            done = await actions.promote_now(engine, settings, "agent-v2", actor="admin", client=client)
             assert done.transition.changed
             assert (status_of(db, v1), status_of(db, v2)) == ("retired", "promoted")
             assert transitions(db) == [("agent-v1", "retired"), ("agent-v2", "promoted")]
-            again = await service.promote_now(engine, settings, "agent-v2", actor="admin", client=client)
+            again = await actions.promote_now(engine, settings, "agent-v2", actor="admin", client=client)
             assert not again.transition.changed
     finally:
         await engine.dispose()

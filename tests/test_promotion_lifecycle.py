@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from apprentice.promotion import lifecycle, service
+from apprentice.promotion import actions, lifecycle, listing, policies, reconcile, tick
 from apprentice.promotion.lifecycle import TransitionError
 from apprentice.settings import Settings
 from apprentice.store.engine import make_async_engine
@@ -216,7 +216,7 @@ async def test_gates_keep_bad_candidates_out_and_the_good_one_becomes_canary(db,
     drifted = add_version(db, 2, run=add_run(db, kl=0.7))
     failed = add_version(db, 3, run=add_run(db, status="failed"))
     running = add_version(db, 4, run=add_run(db, status="running", loss=None, kl=None))
-    report = await service.promotion_tick(engine, settings, client=client)
+    report = await tick.promotion_tick(engine, settings, client=client)
     assert not report.errors
     assert [status_of(db, v) for v in (nan, drifted, failed, running)] == ["rejected"] * 3 + ["candidate"]
     assert fake.requests == [] or all(
@@ -228,11 +228,11 @@ async def test_gates_keep_bad_candidates_out_and_the_good_one_becomes_canary(db,
     assert gates["outcome"] == "fail" and gates["checks"][1]["value"] == "nan"
     # an admin cannot push the NaN one into a canary either
     with pytest.raises(TransitionError):
-        await service.approve(engine, settings, nan, actor="alice", client=client)
+        await actions.approve(engine, settings, nan, actor="alice", client=client)
 
     good_old = add_version(db, 5, run=add_run(db))
     good = add_version(db, 6, run=add_run(db))
-    report = await service.promotion_tick(engine, settings, client=client)
+    report = await tick.promotion_tick(engine, settings, client=client)
     # the older passing version stays a candidate: in the lineage, the newest one's ancestor
     assert (status_of(db, good), status_of(db, good_old)) == ("canary", "candidate")
     assert fake.loaded == {"agent-v6": adapter_path(6)}
@@ -248,28 +248,28 @@ async def test_automatic_and_reviewed_verdicts(db, engine, vllm, database_url):
     automatic = settings_for(database_url)
 
     canary = add_version(db, 2, run=add_run(db))
-    await service.promotion_tick(engine, reviewed, client=client)
+    await tick.promotion_tick(engine, reviewed, client=client)
     assert status_of(db, canary) == "canary"
     add_rewarded(db, canary, [rng.uniform(0.6, 1.0) for _ in range(60)])
     add_rewarded(db, incumbent, [rng.uniform(0.0, 0.5) for _ in range(60)])
     old = datetime.now(timezone.utc) - timedelta(hours=1)
     add_rewarded(db, incumbent, [1.0] * 20, since=old)  # before the canary started: not compared
-    report = await service.promotion_tick(engine, reviewed, client=client)
+    report = await tick.promotion_tick(engine, reviewed, client=client)
     assert status_of(db, canary) == "canary", "a reviewed policy waits for the admin"
     assert any(a["action"] == "awaiting_review" for a in report.actions)
-    detail = await service.version_detail(engine, reviewed, canary)
+    detail = await listing.version_detail(engine, reviewed, canary)
     assert detail.version.evaluation["verdict"] == "better" and detail.version.evaluation["decision"] == "review"
     assert detail.version.evaluation["canary"]["n"] == 60 and detail.version.evaluation["incumbent"]["n"] == 60
-    result = await service.approve(engine, reviewed, "agent-v2", actor="alice", client=client)
+    result = await actions.approve(engine, reviewed, "agent-v2", actor="alice", client=client)
     assert result.transition.changed and status_of(db, canary) == "promoted" and status_of(db, incumbent) == "retired"
 
     # automatic: a worse canary is rejected, a canary with no verdict times out
     worse = add_version(db, 3, run=add_run(db))
-    await service.promotion_tick(engine, automatic, client=client)
+    await tick.promotion_tick(engine, automatic, client=client)
     assert status_of(db, worse) == "canary"
     add_rewarded(db, worse, [rng.uniform(0.0, 0.3) for _ in range(60)])
     add_rewarded(db, canary, [rng.uniform(0.5, 1.0) for _ in range(60)])
-    await service.promotion_tick(engine, automatic, client=client)
+    await tick.promotion_tick(engine, automatic, client=client)
     assert status_of(db, worse) == "rejected"
     reason = db.execute(
         "SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = 'rejected'", (worse,)
@@ -277,27 +277,27 @@ async def test_automatic_and_reviewed_verdicts(db, engine, vllm, database_url):
     assert reason.startswith("lineage significantly worse: mean difference -")
 
     slow = add_version(db, 4, run=add_run(db))
-    await service.promotion_tick(engine, automatic, client=client)
+    await tick.promotion_tick(engine, automatic, client=client)
     assert status_of(db, slow) == "canary"
     later = datetime.now(timezone.utc) + timedelta(days=2)
-    await service.promotion_tick(engine, automatic, client=client, now=later)
+    await tick.promotion_tick(engine, automatic, client=client, now=later)
     assert status_of(db, slow) == "rejected" and status_of(db, canary) == "promoted"
 
 
 async def test_pause_blocks_automatic_canaries(db, engine, vllm, database_url):
     _, client = vllm
     settings = settings_for(database_url)
-    state = await service.set_paused(engine, settings, "agent", True, actor="alice")
+    state = await actions.set_paused(engine, settings, "agent", True, actor="alice")
     assert state.learning_paused and state.updated_by == "alice"
-    assert (await service.set_paused(engine, settings, "agent", True, actor="bob")).updated_by == "alice"
+    assert (await actions.set_paused(engine, settings, "agent", True, actor="bob")).updated_by == "alice"
     version = add_version(db, 1, run=add_run(db))
-    await service.promotion_tick(engine, settings, client=client)
+    await tick.promotion_tick(engine, settings, client=client)
     assert status_of(db, version) == "candidate"
-    await service.set_paused(engine, settings, "agent", False, actor="alice")
-    await service.promotion_tick(engine, settings, client=client)
+    await actions.set_paused(engine, settings, "agent", False, actor="alice")
+    await tick.promotion_tick(engine, settings, client=client)
     assert status_of(db, version) == "canary"
-    with pytest.raises(service.PolicyNotConfigured):
-        await service.set_paused(engine, settings, "nobody", True, actor="alice")
+    with pytest.raises(policies.PolicyNotConfigured):
+        await actions.set_paused(engine, settings, "nobody", True, actor="alice")
 
 
 async def test_rollback_reconcile_and_retention(db, engine, vllm, database_url, tmp_path: Path):
@@ -315,7 +315,7 @@ async def test_rollback_reconcile_and_retention(db, engine, vllm, database_url, 
     v5 = add_version(db, 5, status="candidate", path=str(paths[5]), run=add_run(db, status="running"))
     fake.loaded.update({"agent-v2": str(paths[2]), "unrelated": "/x"})
 
-    report = await service.promotion_tick(engine, settings, client=client)
+    report = await tick.promotion_tick(engine, settings, client=client)
     # the promoted version the endpoint lacked is loaded; the rejected one unloaded; others untouched
     assert fake.loaded == {"agent-v3": str(paths[3]), "unrelated": "/x"}
     assert {(a["version"], a["action"]) for a in report.actions} >= {
@@ -329,16 +329,16 @@ async def test_rollback_reconcile_and_retention(db, engine, vllm, database_url, 
         ("agent-v2",)
     ]
 
-    result = await service.rollback(engine, settings, "agent", "v1", actor="alice", client=client)
+    result = await actions.rollback(engine, settings, "agent", "v1", actor="alice", client=client)
     assert result.transition.changed and [e.action for e in result.endpoints] == ["loaded"]
     assert (status_of(db, v1), status_of(db, v3)) == ("promoted", "retired")
     assert "agent-v3" in fake.loaded  # the replaced version stays loaded until the next reconcile
 
     db.execute("UPDATE adapter_versions SET files_deleted_at = now() WHERE id = %s", (v3,))
     with pytest.raises(TransitionError, match="files were deleted"):
-        await service.rollback(engine, settings, "agent", str(v3), actor="alice", client=client)
+        await actions.rollback(engine, settings, "agent", str(v3), actor="alice", client=client)
     with pytest.raises(lifecycle.VersionNotFound):
-        await service.rollback(engine, settings, "agent", "v9", actor="alice", client=client)
+        await actions.rollback(engine, settings, "agent", "v9", actor="alice", client=client)
     # v5, newer than the version rolled back to, was the line given up on: rejected with the rollback
     assert status_of(db, v5) == "rejected" and status_of(db, v4) == "rejected"
 
@@ -373,8 +373,8 @@ async def test_reconciler_unload_cannot_undo_a_concurrent_rollback(db, engine, d
     fake.loaded.update({"agent-v1": adapter_path(1), "agent-v2": adapter_path(2)})
     async with httpx.AsyncClient(transport=httpx.MockTransport(slow)) as client:
         await asyncio.gather(
-            service.reconcile(engine, settings.policies[0], client=client),
-            service.rollback(engine, settings, "agent", "v1", actor="alice", client=client),
+            reconcile.reconcile(engine, settings.policies[0], client=client),
+            actions.rollback(engine, settings, "agent", "v1", actor="alice", client=client),
         )
     assert status_of(db, v1) == "promoted"
     assert "agent-v1" in fake.loaded, "the promoted adapter must be loaded whatever the interleaving"
@@ -392,11 +392,11 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
     v1 = add_version(db, 1, status="promoted")
     fake.loaded["agent-v1"] = adapter_path(1)
     v2 = add_version(db, 2, run=add_run(db))
-    await service.promotion_tick(engine, settings, client=client)
+    await tick.promotion_tick(engine, settings, client=client)
     assert status_of(db, v2) == "canary"
     add_rewarded(db, v2, [rng.uniform(0.5, 1.0) for _ in range(8)])
     add_rewarded(db, v1, [rng.uniform(0.0, 0.5) for _ in range(8)])
-    await service.promotion_tick(engine, settings, client=client)
+    await tick.promotion_tick(engine, settings, client=client)
     assert status_of(db, v2) == "canary", "fewer than min_samples: no verdict"
     started = db.execute(
         "SELECT created_at FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = 'canary'", (v2,)
@@ -405,7 +405,7 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
     # a newer gated version of the lineage: loaded, then the canary moves to it with the same share
     v3 = add_version(db, 3, run=add_run(db))
     db.execute("UPDATE adapter_versions SET parent_version_id = %s WHERE id = %s", (v2, v3))
-    report = await service.promotion_tick(engine, settings, client=client)
+    report = await tick.promotion_tick(engine, settings, client=client)
     assert (status_of(db, v2), status_of(db, v3)) == ("candidate", "canary")
     assert {"agent-v2", "agent-v3"} <= set(fake.loaded), "the superseded canary stays loaded for the grace"
     assert db.execute("SELECT canary_share FROM adapter_versions WHERE id = %s", (v3,)).fetchone()[0] == 0.3
@@ -419,7 +419,7 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
         ("agent-v2", "canary", "candidate", "superseded by agent-v3"),
         ("agent-v3", "candidate", "canary", "gates passed; the canary follows its lineage from agent-v2"),
     ]
-    evaluation = (await service.version_detail(engine, settings, v3)).version.evaluation
+    evaluation = (await listing.version_detail(engine, settings, v3)).version.evaluation
     assert evaluation["canary_since"] == started.isoformat(), "the lineage's clock, not the latest move's"
     assert evaluation["canary"]["n"] == 8 and evaluation["newest"]["canary"]["n"] == 0
     assert evaluation["lineage"] == ["agent-v2", "agent-v3"]
@@ -427,7 +427,7 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
     # the lineage's evidence adds up: v2's eight and v3's sixty against the promoted version's 68
     add_rewarded(db, v3, [rng.uniform(0.5, 1.0) for _ in range(60)])
     add_rewarded(db, v1, [rng.uniform(0.0, 0.5) for _ in range(60)])
-    await service.promotion_tick(engine, settings, client=client)
+    await tick.promotion_tick(engine, settings, client=client)
     assert (status_of(db, v3), status_of(db, v1), status_of(db, v2)) == ("promoted", "retired", "candidate")
     reason = db.execute(
         "SELECT reason FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = 'promoted'", (v3,)
@@ -436,9 +436,9 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
 
     # the next lineage: its newest version alone significantly worse rejects the whole lineage
     v4 = add_version(db, 4, run=add_run(db))
-    await service.promotion_tick(engine, settings, client=client)
+    await tick.promotion_tick(engine, settings, client=client)
     v5 = add_version(db, 5, run=add_run(db))
-    await service.promotion_tick(engine, settings, client=client)
+    await tick.promotion_tick(engine, settings, client=client)
     assert (status_of(db, v4), status_of(db, v5)) == ("candidate", "canary")
     v5_since = db.execute(
         "SELECT max(created_at) FROM adapter_transitions WHERE adapter_version_id = %s AND to_status = 'canary'",
@@ -455,7 +455,7 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
         rng=rng,
     )
     add_experiment(db, share=0.3, canary=(v5, 0.1), incumbent=(v3, 0.5), units=200, at=v5_since, rng=rng)
-    await service.promotion_tick(engine, settings, client=client)
+    await tick.promotion_tick(engine, settings, client=client)
     assert (status_of(db, v4), status_of(db, v5), status_of(db, v3)) == ("rejected", "rejected", "promoted")
     reasons = {r[0] for r in db.execute("SELECT reason FROM adapter_transitions WHERE to_status = 'rejected'")}
     assert len(reasons) == 1 and reasons.pop().startswith("newest version agent-v5 significantly worse")
@@ -466,13 +466,13 @@ async def test_the_canary_follows_the_lineage_and_the_verdict_counts_every_linea
     # reviewed: the canary keeps following the lineage, the verdict waits for the admin
     reviewed = settings_for(database_url, mode="reviewed")
     v6 = add_version(db, 6, run=add_run(db))
-    await service.promotion_tick(engine, reviewed, client=client)
+    await tick.promotion_tick(engine, reviewed, client=client)
     v7 = add_version(db, 7, run=add_run(db))
-    report = await service.promotion_tick(engine, reviewed, client=client)
+    report = await tick.promotion_tick(engine, reviewed, client=client)
     assert (status_of(db, v6), status_of(db, v7)) == ("candidate", "canary")
     assert ("agent-v7", "awaiting_review") in {(a["version"], a["action"]) for a in report.actions}
     # the admin's rejection of the canary rejects its lineage
-    result = await service.reject(engine, reviewed, "agent-v7", actor="alice")
+    result = await actions.reject(engine, reviewed, "agent-v7", actor="alice")
     assert [v.name for v in result.transition.side_effects] == ["agent-v6"]
     assert (status_of(db, v6), status_of(db, v7)) == ("rejected", "rejected")
 

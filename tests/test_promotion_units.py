@@ -381,11 +381,30 @@ async def test_loading_is_idempotent_retried_and_verified():
         assert [o.action for o in await loading.unload(endpoints, "p-v1", client=client)] == ["absent", "absent"]
 
 
+@pytest.mark.parametrize(
+    "job, others",
+    [("tick", ("actions", "listing")), ("actions", ("tick", "listing")), ("listing", ("tick", "actions"))],
+)
+def test_each_promotion_job_loads_without_the_others(job, others):
+    """The admin actions, the periodic tick and the read models share only the modules below them
+    (pyproject.toml, `promotion-jobs-layers`): a test of one runs without the others loaded."""
+    import subprocess
+
+    code = (
+        f"import sys, apprentice.promotion.{job}; "
+        f"loaded = [m for m in {others!r} if 'apprentice.promotion.' + m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
 def test_promotion_does_not_import_torch():
     import subprocess
 
     code = (
-        "import sys, apprentice.promotion.service, gateway.endpoints.admin.routes; "
+        "import sys, apprentice.promotion.actions, apprentice.promotion.tick, apprentice.promotion.listing, "
+        "gateway.endpoints.admin.routes; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

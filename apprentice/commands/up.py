@@ -127,7 +127,7 @@ def service_processes(config_path: Path, settings: Settings, logs: Path, env: di
 def reload_serving_adapters(settings: Settings, url: str) -> None:
     """A fresh inference server knows no adapters: load the promoted and canary versions
     before the gateway routes calls to them (the promotion job's reconciler, run once now)."""
-    from apprentice.promotion.service import run_promotion_tick  # imports httpx and SQLAlchemy only
+    from apprentice.promotion.tick import run_promotion_tick  # imports httpx and SQLAlchemy only
 
     run_promotion_tick(settings, url)
 

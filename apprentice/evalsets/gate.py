@@ -1,6 +1,6 @@
 """The evaluation gate: the version about to become the canary, against the promoted one.
 
-Called by `promotion.service` right before a version would start serving as the canary (a
+Called by `promotion.serving` right before a version would start serving as the canary (a
 first canary, or the lineage's newer version taking the canary's place), never for every
 candidate: scoring means calls at the endpoints that serve traffic. With
 `promotion.eval_gate: {set, margin, alpha, power}` the version is scored on the set

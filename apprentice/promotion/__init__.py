@@ -5,7 +5,12 @@
 - `loading`: vLLM's LoRA HTTP API at every endpoint of a policy, retried and verified.
 - `evaluation`: canary vs promoted rewards (Welch t interval or bootstrap).
 - `retention`: which versions' files to delete.
-- `service`: what the admin API and the periodic job call; `promotion_tick(engine, settings)`.
+- `actions`: what an admin does (approve, reject, promote now, roll back, pause).
+- `tick`: the periodic job, `promotion_tick(engine, settings)`.
+- `listing`: the read models of the admin API and the dashboard.
+- `serving`, `canary`, `reconcile`, `gate_checks`: what those three share (making a version
+  serve, the canary's evaluation, endpoints and adapter store made to hold what serves, a
+  version's gates); none of the three imports another (pyproject.toml, import-linter).
 
 Nothing here imports torch: the gateway's admin API uses these modules.
 """

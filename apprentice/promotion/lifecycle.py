@@ -14,7 +14,7 @@ second sees the first's outcome and either finds nothing to do or gets `Transiti
 The partial unique indexes (one promoted, one canary per policy) back this up.
 
 Idempotent: asking for the status a version already has returns `changed=False` and writes
-nothing. This module never talks to inference endpoints itself: `service` passes a `prepare`
+nothing. This module never talks to inference endpoints itself: `serving` passes a `prepare`
 hook that loads the adapter everywhere under the lock, before the update, so the status a
 gateway reads always names an adapter that the endpoints serve.
 """
@@ -417,7 +417,7 @@ async def transition(
     canary start refuses while another canary of the policy runs.
 
     `prepare(version)` runs under the policy lock after every check and before the update
-    (the service loads the adapter at every endpoint there): if it raises, nothing changes.
+    (`serving` loads the adapter at every endpoint there): if it raises, nothing changes.
     Holding the lock across it means the reconciler cannot unload the adapter between the
     load and the commit.
     """

@@ -4,7 +4,7 @@ One read: the teacher's settings and prices, where the policy stands (the teache
 its canary is compared with the teacher, or it took over), its distilled versions (versions
 made by training runs of kind "sft", with what each trained on), and the latest comparison with
 the teacher: reward statistics, cost and latency per call. For a live canary the comparison is
-computed now (service.evaluate_canary, as the version page does); otherwise it is the one
+computed now (canary.evaluate_canary, as the version page does); otherwise it is the one
 stored with the version that was last compared with the teacher.
 """
 
@@ -16,8 +16,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from apprentice.promotion import lifecycle, service, takeover
+from apprentice.promotion import lifecycle, takeover
+from apprentice.promotion.canary import evaluate_canary
 from apprentice.promotion.lineage import promoted_version
+from apprentice.promotion.policies import policy_settings
 from apprentice.promotion.rows import AdapterVersion
 from apprentice.promotion.status import VersionStatus
 from apprentice.settings import Settings
@@ -33,7 +35,7 @@ class NoTeacher(LookupError):
 
 async def teacher_status(engine: AsyncEngine, settings: Settings, policy_name: str) -> dict[str, Any]:
     """The policy's teacher, its distilled versions and the comparison (JSON-ready)."""
-    policy = service.policy_settings(settings, policy_name)
+    policy = policy_settings(settings, policy_name)
     teacher = policy.teacher
     if teacher is None:
         raise NoTeacher(policy_name)
@@ -73,7 +75,7 @@ async def teacher_status(engine: AsyncEngine, settings: Settings, policy_name: s
     promoted = promoted_version(versions)
     status = TAKEN_OVER if promoted is not None else CANARY if canary is not None else TEACHER_SERVES
     if canary is not None and promoted is None:
-        live = await service.evaluate_canary(engine, settings, canary)
+        live = await evaluate_canary(engine, settings, canary)
         canary = dataclasses.replace(canary, evaluation=live.document)
     compared = _last_compared(versions, canary)
     prices = takeover.teacher_prices(settings, teacher)

@@ -4,7 +4,7 @@ Every query reads a bounded, index-ordered slice (the indexes of migrations 0006
 keyset pages of at most a few dozen rows, charts over the newest few thousand trajectories of
 a policy, rates over the last minutes. Nothing scans `calls` beyond a time window, and no page
 counts a whole table. What the admin API already reads (policies, its live evaluation, one
-trajectory, keys) comes from `apprentice.promotion.service`, `gateway.store` and
+trajectory, keys) comes from `apprentice.promotion.listing`, `gateway.store` and
 `gateway.auth.keys`; a version's detail comes from `version_detail` here, the admin API's
 without reading every version row of the policy. `bench/dashboard_pages.py` times every page
 with a million calls and ten thousand versions.
@@ -22,8 +22,11 @@ from psycopg.rows import dict_row
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from apprentice.promotion import lifecycle, service
+from apprentice.promotion import lifecycle
+from apprentice.promotion.canary import evaluate_canary
+from apprentice.promotion.gate_checks import training_run_of
 from apprentice.promotion.lineage import lineage_head
+from apprentice.promotion.listing import VersionDetail
 from apprentice.promotion.provenance import provenance
 from apprentice.promotion.rows import AdapterVersion
 from apprentice.promotion.status import VersionStatus
@@ -227,8 +230,8 @@ async def transitions_page(engine: AsyncEngine, policy: str, before: int | None)
 _LIVE_STATUSES = (VersionStatus.CANDIDATE, VersionStatus.CANARY, VersionStatus.PROMOTED)
 
 
-async def version_detail(engine: AsyncEngine, settings: Settings, ref: str) -> service.VersionDetail:
-    """`service.version_detail` (what GET /v1/admin/versions/{ref} answers, the live evaluation of
+async def version_detail(engine: AsyncEngine, settings: Settings, ref: str) -> VersionDetail:
+    """`listing.version_detail` (what GET /v1/admin/versions/{ref} answers, the live evaluation of
     a canary included) without reading every version row of the policy: that read decodes each
     version's gates and evaluation and took about a second with 10,000 versions. It reads the
     version, its parent, the policy's candidates, canary and promoted version (all that the
@@ -254,11 +257,11 @@ async def version_detail(engine: AsyncEngine, settings: Settings, ref: str) -> s
             for s in found.sampled_by
         ]
         found = dataclasses.replace(found, sampled_by=sorted(samplers, key=lambda s: (-s.trajectories, s.name or "")))
-    run = await service.training_run_of(engine, version)
+    run = await training_run_of(engine, version)
     if version.status == VersionStatus.CANARY and settings.policy(version.policy) is not None:
-        evaluated = await service.evaluate_canary(engine, settings, version)
+        evaluated = await evaluate_canary(engine, settings, version)
         version = dataclasses.replace(version, evaluation=evaluated.document)
-    return service.VersionDetail(version, run, transitions, found, lineage_head(live))
+    return VersionDetail(version, run, transitions, found, lineage_head(live))
 
 
 # ---------------------------------------------------------------- trajectories

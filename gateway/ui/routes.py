@@ -2,8 +2,8 @@
 and the static files (docs/dashboard.md).
 
 Every page needs a session (gateway/ui/session.py); every POST needs the session's CSRF token
-and a same-origin request (gateway/ui/csrf.py). The actions call the same service functions
-as the admin API (`apprentice.promotion.service`, `gateway.auth.keys`), with the session's key
+and a same-origin request (gateway/ui/csrf.py). The actions call the same functions
+as the admin API (`apprentice.promotion.actions`, `gateway.auth.keys`), with the session's key
 name as the actor and a reason and a confirmation that the server requires.
 """
 
@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
 from apprentice.evalsets import store as evalsets
-from apprentice.promotion import service
+from apprentice.promotion import actions, listing, policies, serving
 from apprentice.promotion.lifecycle import TransitionError, VersionNotFound
 from apprentice.promotion.loading import LoadError
 from apprentice.promotion.teacher_view import teacher_status
@@ -143,7 +143,7 @@ async def _guard(call: Callable[[], Awaitable[Any]]) -> tuple[Any, int, str]:
         return await call(), 200, ""
     except VersionNotFound as exc:
         return None, 404, str(exc)
-    except service.PolicyNotConfigured as exc:
+    except policies.PolicyNotConfigured as exc:
         return None, 404, str(exc)
     except TransitionError as exc:
         return None, 409, str(exc)
@@ -261,7 +261,7 @@ async def logout(request: Request) -> Response:
 
 
 async def _overview(state: GatewayState) -> dict[str, Any]:
-    summaries = await service.list_policies(state.engine, state.settings)
+    summaries = await listing.list_policies(state.engine, state.settings)
     names = [s.policy.name for s in summaries]
     rates = await queries.rates(state.engine, names)
     trends = {
@@ -301,7 +301,7 @@ def _unauthorized() -> Response:
 # ---------------------------------------------------------------- policy page
 
 
-async def _policy_live(state: GatewayState, summary: service.PolicySummary) -> dict[str, Any]:
+async def _policy_live(state: GatewayState, summary: listing.PolicySummary) -> dict[str, Any]:
     rows = await queries.recent_rewards(
         state.engine, summary.policy.name, summary.policy.learning.reward_name, queries.CHART_TRAJECTORIES
     )
@@ -312,8 +312,8 @@ async def _policy_live(state: GatewayState, summary: service.PolicySummary) -> d
     return {"summary": summary, "chart": chart, "rates": rates, "evaluation": evaluation, "chart_n": len(rows)}
 
 
-async def _find_policy(state: GatewayState, policy: str) -> service.PolicySummary | None:
-    for summary in await service.list_policies(state.engine, state.settings):
+async def _find_policy(state: GatewayState, policy: str) -> listing.PolicySummary | None:
+    for summary in await listing.list_policies(state.engine, state.settings):
         if summary.policy.name == policy:
             return summary
     return None
@@ -367,7 +367,7 @@ async def _policy_page(request: Request, policy: str, flash: str = "", status_co
     return page(request, "policy.html", context, status_code)
 
 
-async def _eval_sets(state: GatewayState, summary: service.PolicySummary) -> dict[str, Any]:
+async def _eval_sets(state: GatewayState, summary: listing.PolicySummary) -> dict[str, Any]:
     """The policy's evaluation sets with each one's latest run per scored version (docs/evaluation-sets.md)."""
     sets = await evalsets.list_sets(state.engine, summary.policy.name)
     runs: dict[uuid.UUID, list[evalsets.EvalRun]] = {}
@@ -468,7 +468,7 @@ async def _pause(request: Request, policy: str, paused: bool) -> Response:
     state = _state(request)
     # The admin API's pause takes no reason: the actor is recorded in policy_state; the reason in the log.
     _, status, message = await _guard(
-        lambda: service.set_paused(state.engine, state.settings, policy, paused, actor=ctx.session.name)
+        lambda: actions.set_paused(state.engine, state.settings, policy, paused, actor=ctx.session.name)
     )
     if status != 200:
         return await _policy_page(request, policy, flash=message, status_code=status)
@@ -489,7 +489,7 @@ async def resume(request: Request, policy: str) -> Response:
 # ---------------------------------------------------------------- version page
 
 
-async def _version(state: GatewayState, ref: str) -> tuple[service.VersionDetail | None, str]:
+async def _version(state: GatewayState, ref: str) -> tuple[listing.VersionDetail | None, str]:
     detail, status, message = await _guard(lambda: queries.version_detail(state.engine, state.settings, ref))
     return detail, message
 
@@ -548,10 +548,10 @@ async def version_action(request: Request, ref: str, action: str) -> Response:
         return await _version_page(request, ref, flash=problem, status_code=400)
     state, actor, reason = _state(request), ctx.session.name, form["reason"].strip()[:2000]
     engine, settings = state.engine, state.settings
-    calls: dict[str, Callable[[], Awaitable[service.ActionResult]]] = {
-        "approve": lambda: service.approve(engine, settings, ref, actor=actor, reason=reason),
-        "reject": lambda: service.reject(engine, settings, ref, actor=actor, reason=reason),
-        "promote": lambda: service.promote_now(
+    calls: dict[str, Callable[[], Awaitable[serving.ActionResult]]] = {
+        "approve": lambda: actions.approve(engine, settings, ref, actor=actor, reason=reason),
+        "reject": lambda: actions.reject(engine, settings, ref, actor=actor, reason=reason),
+        "promote": lambda: actions.promote_now(
             engine, settings, ref, actor=actor, reason=reason, force=form.get("force") == "yes"
         ),
     }
@@ -560,7 +560,7 @@ async def version_action(request: Request, ref: str, action: str) -> Response:
         if detail is None:
             return _error_page(request, 404, "Not found", message)
         policy = detail.version.policy
-        calls["rollback"] = lambda: service.rollback(engine, settings, policy, ref, actor=actor, reason=reason)
+        calls["rollback"] = lambda: actions.rollback(engine, settings, policy, ref, actor=actor, reason=reason)
     result, status, message = await _guard(calls[action])
     if status != 200:
         return await _version_page(request, ref, flash=f"{action} refused: {message}", status_code=status)

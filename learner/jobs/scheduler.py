@@ -23,7 +23,7 @@ distillation runs (learner/jobs/distill.py, kind "sft") on the teacher's best re
 answers, triggered when at least `teacher.distill.min_trajectories` of them wait; once one of
 its versions is promoted (the takeover), its runs are RL runs as for any policy.
 
-Promotion (`apprentice.promotion.service.promotion_tick`: gates, canary start, canary verdict,
+Promotion (`apprentice.promotion.tick.promotion_tick`: gates, canary start, canary verdict,
 reconciling the endpoints, retention) runs every `promotion_interval_s` on its own thread, so
 that a long training run does not hold up a canary's verdict, and right after a run produced
 a candidate.
@@ -104,7 +104,7 @@ class Learner:
 
     def promote(self, policies: list[str] | None = None) -> Any:
         """One pass of the promotion job; its failures are logged, never raised into the scheduler."""
-        from apprentice.promotion.service import run_promotion_tick
+        from apprentice.promotion.tick import run_promotion_tick
 
         try:
             report = run_promotion_tick(self.settings, self.url, policies=policies)

@@ -142,7 +142,7 @@ def test_distil_from_the_teacher_take_over_by_canary_then_continue_by_rl(
 ):
     import torch
 
-    from apprentice.promotion.service import run_promotion_tick
+    from apprentice.promotion.tick import run_promotion_tick
     from apprentice.settings import Settings
     from learner.jobs.distill import run_distillation
     from learner.jobs.policy_trainer import PolicyTrainer

@@ -24,7 +24,10 @@ from typing import Any
 import httpx
 import pytest
 
-from apprentice.promotion import service
+from apprentice.promotion import actions
+from apprentice.promotion.serving import ActionResult
+from apprentice.promotion.tick import promotion_tick
+from apprentice.promotion.tick_report import TickReport
 from apprentice.settings import Settings
 from apprentice.store.engine import make_async_engine
 from tests.conftest import wait_for
@@ -112,14 +115,14 @@ def status_of(db, version_id: uuid.UUID) -> str:
     return db.execute("SELECT status FROM adapter_versions WHERE id = %s", (version_id,)).fetchone()[0]
 
 
-def tick(database_url: str, policy: dict[str, Any], now: datetime | None = None) -> service.TickReport:
+def tick(database_url: str, policy: dict[str, Any], now: datetime | None = None) -> TickReport:
     """One pass of the promotion job, as the learner's scheduler runs it."""
     settings = Settings(database_url=database_url, policies=[policy])
 
-    async def once() -> service.TickReport:
+    async def once() -> TickReport:
         engine = make_async_engine(database_url)
         try:
-            return await service.promotion_tick(engine, settings, now=now)
+            return await promotion_tick(engine, settings, now=now)
         finally:
             await engine.dispose()
 
@@ -128,14 +131,14 @@ def tick(database_url: str, policy: dict[str, Any], now: datetime | None = None)
     return report
 
 
-def promote_now(database_url: str, policy: dict[str, Any], ref: str) -> service.ActionResult:
-    """An admin's promote-now, straight through the promotion service (no gateway)."""
+def promote_now(database_url: str, policy: dict[str, Any], ref: str) -> ActionResult:
+    """An admin's promote-now, straight through the promotion actions (no gateway)."""
 
-    async def once() -> service.ActionResult:
+    async def once() -> ActionResult:
         engine = make_async_engine(database_url)
         try:
             settings = Settings(database_url=database_url, policies=[policy])
-            return await service.promote_now(engine, settings, ref, actor="admin")
+            return await actions.promote_now(engine, settings, ref, actor="admin")
         finally:
             await engine.dispose()
 

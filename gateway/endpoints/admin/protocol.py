@@ -17,9 +17,10 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from apprentice.evalsets.scoring import Scoring
+from apprentice.promotion.listing import PolicySummary, VersionDetail, VersionListing
 from apprentice.promotion.provenance import Provenance
 from apprentice.promotion.rows import AdapterVersion, TrainingRun, Transition
-from apprentice.promotion.service import ActionResult, PolicySummary, VersionDetail, VersionListing
+from apprentice.promotion.serving import ActionResult
 from apprentice.promotion.status import VersionStatus
 from gateway.judging.agreement import AgreementReport, Bucket, Figures, Interval
 

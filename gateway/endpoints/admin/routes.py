@@ -17,7 +17,7 @@ from typing import Literal, TypeVar
 
 from fastapi import APIRouter, Query, Request
 
-from apprentice.promotion import service
+from apprentice.promotion import actions, listing, policies
 from apprentice.promotion.lifecycle import TransitionError, VersionNotFound
 from apprentice.promotion.loading import LoadError
 from apprentice.promotion.status import VersionStatus
@@ -57,7 +57,7 @@ async def _guard(call: Callable[[], Awaitable[T]]) -> T:
         return await call()
     except VersionNotFound as exc:
         raise GatewayError(404, str(exc), param="version", code="version_not_found") from None
-    except service.PolicyNotConfigured as exc:
+    except policies.PolicyNotConfigured as exc:
         raise GatewayError(404, str(exc), param="policy", code="policy_not_found") from None
     except TransitionError as exc:
         raise GatewayError(409, str(exc), code="illegal_transition") from None
@@ -80,14 +80,14 @@ async def _admin(request: Request) -> tuple[GatewayState, str]:
 )
 async def list_policies(request: Request) -> PolicyListOut:
     state, _ = await _admin(request)
-    summaries = await service.list_policies(state.engine, state.settings)
+    summaries = await listing.list_policies(state.engine, state.settings)
     return PolicyListOut(data=[PolicyOut.of(summary) for summary in summaries])
 
 
 @router.get("/v1/admin/policies/{policy}", response_model=PolicyOut, summary="One policy")
 async def get_policy(request: Request, policy: str) -> PolicyOut:
     state, _ = await _admin(request)
-    for summary in await service.list_policies(state.engine, state.settings):
+    for summary in await listing.list_policies(state.engine, state.settings):
         if summary.policy.name == policy:
             return PolicyOut.of(summary)
     raise GatewayError(404, f"policy {policy!r} is not configured", param="policy", code="policy_not_found")
@@ -109,11 +109,11 @@ async def list_versions(
     ),
 ) -> VersionListOut:
     state, _ = await _admin(request)
-    listing = await _guard(lambda: service.version_listing(state.engine, state.settings, policy, status))
+    page = await _guard(lambda: listing.version_listing(state.engine, state.settings, policy, status))
     if kind is not None:
-        shown = [v for v in listing.versions if listing.provenance[v.id].kind == kind]
-        listing = dataclasses.replace(listing, versions=shown)
-    return VersionListOut.of(listing)
+        shown = [v for v in page.versions if page.provenance[v.id].kind == kind]
+        page = dataclasses.replace(page, versions=shown)
+    return VersionListOut.of(page)
 
 
 @router.get(
@@ -126,7 +126,7 @@ async def list_versions(
 )
 async def get_version(request: Request, version: str) -> VersionDetailOut:
     state, _ = await _admin(request)
-    return VersionDetailOut.of(await _guard(lambda: service.version_detail(state.engine, state.settings, version)))
+    return VersionDetailOut.of(await _guard(lambda: listing.version_detail(state.engine, state.settings, version)))
 
 
 @router.post(
@@ -141,7 +141,7 @@ async def approve(request: Request, version: str, body: ActionIn | None = None) 
     state, actor = await _admin(request)
     reason = body.reason if body else None
     return ActionOut.of(
-        await _guard(lambda: service.approve(state.engine, state.settings, version, actor=actor, reason=reason))
+        await _guard(lambda: actions.approve(state.engine, state.settings, version, actor=actor, reason=reason))
     )
 
 
@@ -158,7 +158,7 @@ async def reject(request: Request, version: str, body: ActionIn | None = None) -
     state, actor = await _admin(request)
     reason = body.reason if body else None
     return ActionOut.of(
-        await _guard(lambda: service.reject(state.engine, state.settings, version, actor=actor, reason=reason))
+        await _guard(lambda: actions.reject(state.engine, state.settings, version, actor=actor, reason=reason))
     )
 
 
@@ -175,7 +175,7 @@ async def promote(request: Request, version: str, body: PromoteIn | None = None)
     reason, force = (body.reason, body.force) if body else (None, False)
     return ActionOut.of(
         await _guard(
-            lambda: service.promote_now(state.engine, state.settings, version, actor=actor, reason=reason, force=force)
+            lambda: actions.promote_now(state.engine, state.settings, version, actor=actor, reason=reason, force=force)
         )
     )
 
@@ -193,14 +193,14 @@ async def rollback(request: Request, policy: str, body: RollbackIn) -> ActionOut
     ref = body.version_id if body.version_id is not None else str(body.version)
     return ActionOut.of(
         await _guard(
-            lambda: service.rollback(state.engine, state.settings, policy, ref, actor=actor, reason=body.reason)
+            lambda: actions.rollback(state.engine, state.settings, policy, ref, actor=actor, reason=body.reason)
         )
     )
 
 
 async def _pause(request: Request, policy: str, paused: bool) -> PolicyStateOut:
     state, actor = await _admin(request)
-    row = await _guard(lambda: service.set_paused(state.engine, state.settings, policy, paused, actor=actor))
+    row = await _guard(lambda: actions.set_paused(state.engine, state.settings, policy, paused, actor=actor))
     return PolicyStateOut.model_validate(row)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from apprentice.promotion.service import PolicyNotConfigured
+from apprentice.promotion.policies import PolicyNotConfigured
 from apprentice.promotion.teacher_view import NoTeacher, teacher_status
 from gateway.endpoints.admin.routes import _admin
 from gateway.http.documented import ADMIN, error_responses

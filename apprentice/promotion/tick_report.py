@@ -1,0 +1,21 @@
+"""What one pass of the promotion job did and what failed, as the tick and the reconciler add to it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TickReport"]
+
+
+@dataclass
+class TickReport:
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, policy: str, version: str | None, action: str, detail: str = "") -> None:
+        self.actions.append({"policy": policy, "version": version, "action": action, "detail": detail})
+        log.info("promotion: %s %s %s %s", policy, version or "-", action, detail)
