@@ -16,7 +16,6 @@ from gateway.http.errors import GatewayError
 from gateway.state import GatewayState
 
 
-
 class RewardsEndpoint:
     def __init__(self, state: GatewayState, holder: State) -> None:
         self.state = state
