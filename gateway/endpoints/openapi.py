@@ -19,8 +19,10 @@ The wire types are each endpoint's (`<endpoint>/protocol.py`); what is here is w
 document says about them: statuses and error formats, headers, streams. After generation,
 `_complete` adds what FastAPI's generator cannot say:
 
-- a streamed answer's `text/event-stream` content, whose schema is the data of one event (as in
-  OpenAI's own document), beside the `application/json` answer;
+- a streamed answer's `text/event-stream` content beside the `application/json` answer: its
+  schema is one server-sent event as OpenAPI 3.1 tools read it (`{data, event, id, retry}`,
+  schemathesis among them), whose `data` is a JSON text (`contentMediaType`) holding the
+  protocol's event or error body (`contentSchema`), or chat's literal `[DONE]` (`EventStream`);
 - 400 in OpenAI's format where FastAPI wrote 422 (`HTTPValidationError`): the app answers a
   request FastAPI finds invalid with 400 and OpenAI's error body (app.py, `validation_error`);
 - OpenAI's error body on the app's own error statuses that name none (every error of a FastAPI
@@ -189,8 +191,31 @@ def _errors(model: type[BaseModel], statuses: Iterable[int], fmt: str) -> dict[i
 OPENAI_ERRORS = _errors(OpenAIError, (400, 401, 404, 413, 429, 502, 503, 504), "OpenAI's")
 ANTHROPIC_ERRORS = _errors(AnthropicError, (400, 401, 404, 413, 429, 502, 503, 504), "Anthropic's")
 
-# The event model of each streamed operation, by (path, method): `_complete` adds its content.
-STREAMS: dict[tuple[str, str], type[BaseModel]] = {}
+
+@dataclass(frozen=True)
+class EventStream:
+    """What the events of a streamed answer carry: each event's `data` is a JSON text holding one
+    of `payloads` (the protocol's event, or the error body a stream broken off mid-way ends with);
+    `done`: the stream ends with the literal `data: [DONE]` (chat completions) rather than an
+    event of its own. `name` is the component the document declares for one event."""
+
+    name: str
+    payloads: tuple[type[BaseModel], ...]
+    done: bool = False
+    event: str = "The event's type, when the protocol names it (`event: <type>`, the `type` of its data)."
+
+
+CHAT_EVENTS = EventStream(
+    "ChatCompletionServerSentEvent",
+    (ChatCompletionChunk, OpenAIError),
+    done=True,
+    event="Not sent by OpenAI's chat streams (read as `message`).",
+)
+RESPONSE_EVENTS = EventStream("ResponseServerSentEvent", (ResponseStreamEvent,))
+MESSAGE_EVENTS = EventStream("MessageServerSentEvent", (MessageStreamEvent, AnthropicError))
+
+# The events of each streamed operation, by (path, method): `_complete` adds its content.
+STREAMS: dict[tuple[str, str], EventStream] = {}
 
 
 class DocumentationOnly(RuntimeError):
@@ -206,7 +231,7 @@ def _declare(
     description: str,
     ok: dict[str, Any],
     errors: dict[int | str, dict[str, Any]],
-    stream: type[BaseModel] | None = None,
+    stream: EventStream | None = None,
 ) -> None:
     """Declare `POST` on each path (the first is the /v1 one, the others its aliases) on `router`."""
     for position, path in enumerate(paths):
@@ -257,7 +282,7 @@ _declare(
     + UPSTREAM_STATUSES,
     ok={"model": ChatCompletion, "description": "The completion, or its event stream.", "headers": CALL_HEADERS},
     errors=OPENAI_ERRORS,
-    stream=ChatCompletionChunk,
+    stream=CHAT_EVENTS,
 )
 
 
@@ -285,7 +310,7 @@ _declare(
     "`response.completed` (or `response.incomplete`, `response.failed`)." + RECORDED + UPSTREAM_STATUSES,
     ok={"model": ResponseObject, "description": "The response, or its event stream.", "headers": CALL_HEADERS},
     errors=OPENAI_ERRORS,
-    stream=ResponseStreamEvent,
+    stream=RESPONSE_EVENTS,
 )
 
 
@@ -317,7 +342,7 @@ _declare(
     + UPSTREAM_STATUSES,
     ok={"model": Message, "description": "The message, or its event stream.", "headers": CALL_HEADERS},
     errors=ANTHROPIC_ERRORS,
-    stream=MessageStreamEvent,
+    stream=MESSAGE_EVENTS,
 )
 
 
@@ -531,7 +556,7 @@ def _complete(spec: dict[str, Any]) -> None:
     paths: dict[str, dict[str, Any]] = spec["paths"]
     for (path, method), events in STREAMS.items():
         content = paths[path][method]["responses"]["200"]["content"]
-        content["text/event-stream"] = {"schema": _component(spec, events)}
+        content["text/event-stream"] = {"schema": _event_component(spec, events)}
     for (path, method), (answer, statuses) in ANSWERS.items():
         responses = paths[path][method]["responses"]
         json_content = responses["200"].setdefault("content", {}).setdefault("application/json", {})
@@ -632,6 +657,38 @@ def _component(spec: dict[str, Any], model: type[BaseModel]) -> dict[str, str]:
         if schemas.setdefault(name, schema) != schema:
             raise ValueError(f"two different schemas are named {name} in the OpenAPI document")
     return dict(refs[(model, "serialization")])
+
+
+def _event_component(spec: dict[str, Any], stream: EventStream) -> dict[str, str]:
+    """A reference to the schema of one server-sent event of `stream`, added to the components.
+
+    OpenAPI 3.1 has a `text/event-stream` schema describe each event as an object of its fields
+    (`data`, `event`, `id`, `retry`; OpenAPI 3.2 calls it `itemSchema`), not the JSON its data
+    holds: the data is a string whose content is JSON, said with `contentMediaType` and
+    `contentSchema`, which validators that read event streams (schemathesis) check."""
+    payloads = [_component(spec, payload) for payload in stream.payloads]
+    data: dict[str, Any] = {
+        "type": "string",
+        "description": "A JSON text: " + " or ".join(f"`{payload.__name__}`" for payload in stream.payloads) + ".",
+        "contentMediaType": "application/json",
+        "contentSchema": payloads[0] if len(payloads) == 1 else {"anyOf": payloads},
+    }
+    if stream.done:
+        data = {"anyOf": [{"const": "[DONE]", "description": "The stream's last event."}, data]}
+    schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+    schemas[stream.name] = {
+        "title": stream.name,
+        "type": "object",
+        "description": "One server-sent event of the stream (its fields, as `text/event-stream` carries them).",
+        "properties": {
+            "data": data,
+            "event": {"type": "string", "description": stream.event},
+            "id": {"type": "string"},
+            "retry": {"type": "integer", "minimum": 0},
+        },
+        "required": ["data"],
+    }
+    return {"$ref": REF + stream.name}
 
 
 def _without_nulls(value: Any) -> Any:
