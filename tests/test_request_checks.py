@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -146,6 +147,14 @@ def test_nul_in_text_that_reaches_a_query_is_a_400_naming_it_and_a_chat_call_sti
     )
     translated = {"model": "agent", "input": "hi", "previous_response_id": "resp_\x00"}
     _refused(client.post("/responses", json=translated), "previous_response_id")
+    # Free-form JSON (an evaluation item's messages) at any depth, object keys included.
+    created = admin.post("/admin/policies/agent/eval-sets", json={"name": "nul", "scoring": {"method": "judge"}})
+    assert created.status_code == 201, created.text
+    items = "/admin/policies/agent/eval-sets/nul/items"
+    nested = {"role": "user", "content": [{"type": "text", "text": "a\x00"}]}
+    _refused(admin.post(items, json={"items": [{"messages": [nested]}]}), "items[0].messages[0].content[0].text")
+    keyed = {"role": "user", "content": "hi", "extra": {"k\x00": 1}}
+    _refused(admin.post(items, json={"items": [{"messages": [keyed]}]}), "items[0].messages[0].extra.k\x00")
     assert admin.get("/trajectories", params={"policy": "agent"}).status_code == 200  # nothing else changed
 
     # A chat call's body is the upstream's to judge: answered, and recorded with U+FFFD for NUL.
@@ -172,6 +181,15 @@ def test_nul_in_text_that_reaches_a_query_is_a_400_naming_it_and_a_chat_call_sti
     assert re.search(path["pattern"], "a\x00") is None
     chat_body = spec["components"]["schemas"]["ChatCompletionRequest"]
     assert "\\x00" not in str(chat_body)  # what is forwarded keeps no such rule
+    # ... and their free-form JSON is `NulFreeJson`: NUL in none of its strings or keys, at any depth.
+    eval_items = jsonschema.Draft202012Validator(
+        {"$ref": "#/components/schemas/EvalItemsIn", "components": spec["components"]}
+    )
+    free = {"role": "user", "content": [{"type": "text", "text": "a"}], "n": [1, 2.5, None, True, {"k": "v"}]}
+    assert eval_items.is_valid({"items": [{"messages": [free]}]})
+    assert not eval_items.is_valid({"items": [{"messages": [nested]}]})
+    assert not eval_items.is_valid({"items": [{"messages": [keyed]}]})
+    assert not eval_items.is_valid({"items": [{"messages": [{"role": "user", "n": [[{"deep": "\x00"}]]}]}]})
 
 
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/responses"])

@@ -67,12 +67,6 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403",
 # Revoking a key and replacing its limits act on the keys this run authenticates with: the
 # stateful phase would follow the listing's ids to the client key and revoke it (every later
 # call a 401). These two are fuzzed with generated ids only, never ids read from answers.
-# Registering an evaluation set whose name the policy already has answers 409 (docs/evaluation-sets.md);
-# an item's text may not carry NUL (it is stored and queried).
-[[operations]]
-include-path-regex = "^/v1/admin/policies/[^/]+/eval-sets"
-checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409"]
-
 [[operations]]
 include-path-regex = "^/v1/admin/keys/"
 phases.stateful.enabled = false

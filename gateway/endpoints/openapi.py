@@ -29,8 +29,9 @@ document says about them: statuses and error formats, headers, streams. After ge
   route is written in OpenAI's format by the app's exception handlers);
 - the answers of routes that return raw bodies (`GET /v1/models`, `GET /v1/responses/{id}`,
   its input items), when the route declares none itself;
-- `NUL_FREE` on the strings of every FastAPI route's parameters and request fields, which the
-  app's one NUL check refuses (gateway/http/query_text.py);
+- `NUL_FREE` on the strings of every FastAPI route's parameters and request fields, and
+  `NulFreeJson` (any JSON value, NUL in none of its strings and keys) for their free-form values
+  and the keys of their objects: what the app's one NUL check refuses (gateway/http/query_text.py);
 - OpenAPI links (`LINKS`) from the answers that name a policy, version, trajectory, response,
   reward or key to the operations that take it.
 """
@@ -581,11 +582,33 @@ def _complete(spec: dict[str, Any]) -> None:
             schemas.pop(name, None)
 
 
+NUL_FREE_JSON = "NulFreeJson"
+_NUL_FREE_JSON_REF = {"$ref": REF + NUL_FREE_JSON}
+# What the app's NUL check (gateway/http/query_text.py) lets through in a free-form value: any
+# JSON, NUL in none of its strings, at any depth, nor in its objects' keys.
+NUL_FREE_JSON_SCHEMA: dict[str, Any] = {
+    "title": NUL_FREE_JSON,
+    "description": "Any JSON value without the NUL character (\\u0000) in its strings or object keys, at any "
+    "depth: a request holding one is refused with 400 naming where it is.",
+    "anyOf": [
+        {"type": "string", "pattern": NUL_FREE},
+        {"type": ["number", "boolean", "null"]},
+        {"type": "array", "items": _NUL_FREE_JSON_REF},
+        {"type": "object", "propertyNames": {"pattern": NUL_FREE}, "additionalProperties": _NUL_FREE_JSON_REF},
+    ],
+}
+# Keywords that say nothing about which values a schema allows: a schema of these alone is any JSON.
+_ANNOTATIONS = {"title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly"}
+
+
 def _nul_free(spec: dict[str, Any], declared: set[tuple[str, str]]) -> None:
-    """The app's routes refuse NUL in every parameter and request field (gateway/http/query_text.py):
-    their strings say so with `NUL_FREE` where they have no pattern of their own. The operations
+    """The app's routes refuse NUL in every parameter and request field, and anywhere in their
+    JSON bodies, object keys included (gateway/http/query_text.py): their strings say so with
+    `NUL_FREE` where they have no pattern of their own, their free-form values (an object's
+    undeclared properties, an array of anything, `Any`) are `NulFreeJson`. The operations
     declared here (chat, responses, messages) take NUL in what they forward and keep no such rule."""
-    schemas: dict[str, Any] = spec.get("components", {}).get("schemas", {})
+    schemas: dict[str, Any] = spec.setdefault("components", {}).setdefault("schemas", {})
+    schemas[NUL_FREE_JSON] = NUL_FREE_JSON_SCHEMA
     operations = [
         (path, method, operation) for path, item in spec["paths"].items() for method, operation in item.items()
     ]
@@ -615,7 +638,8 @@ def _nul_free(spec: dict[str, Any], declared: set[tuple[str, str]]) -> None:
 
 def _strings_nul_free(schema: Any) -> None:
     """`NUL_FREE` on every plain string of a schema (those without a pattern, format, enum or
-    const), nested ones included; references are left to the caller."""
+    const), `NulFreeJson` for its free-form values and `NUL_FREE` on its object keys, nested
+    ones included; references are left to the caller."""
     if isinstance(schema, list):
         for item in schema:
             _strings_nul_free(item)
@@ -624,12 +648,39 @@ def _strings_nul_free(schema: Any) -> None:
         return
     if schema.get("type") == "string" and not {"pattern", "format", "enum", "const"} & set(schema):
         schema["pattern"] = NUL_FREE
+    if schema.get("type") == "object":
+        schema.setdefault("propertyNames", {"pattern": NUL_FREE})
+        if "patternProperties" in schema and "additionalProperties" not in schema:
+            # pydantic writes a dict's key constraint as patternProperties: a key matching none is refused
+            schema["additionalProperties"] = False
+        elif schema.get("additionalProperties", True) is True:
+            schema["additionalProperties"] = dict(_NUL_FREE_JSON_REF)
+    if schema.get("type") == "array" and schema.get("items", True) is True:
+        schema["items"] = dict(_NUL_FREE_JSON_REF)
     for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
         _strings_nul_free(schema.get(key))
     for key in ("items", "additionalProperties", "not"):
         _strings_nul_free(schema.get(key))
     for value in (schema.get("properties") or {}).values():
         _strings_nul_free(value)
+    for key in ("properties", "patternProperties"):
+        values = schema.get(key) or {}
+        for name, value in values.items():
+            if _free_form(value):
+                values[name] = {**value, **_NUL_FREE_JSON_REF}
+    for key in ("items", "additionalProperties"):
+        if _free_form(schema.get(key)):
+            schema[key] = {**schema[key], **_NUL_FREE_JSON_REF}
+    for key in ("anyOf", "oneOf", "prefixItems"):
+        branches = schema.get(key) or []
+        for index, branch in enumerate(branches):
+            if _free_form(branch):
+                branches[index] = {**branch, **_NUL_FREE_JSON_REF}
+
+
+def _free_form(schema: Any) -> bool:
+    """Whether a schema allows any JSON value (`{}`, `Any`: annotations at most)."""
+    return isinstance(schema, dict) and set(schema) <= _ANNOTATIONS
 
 
 def _reachable_refs(value: Any, schemas: dict[str, Any], found: set[str] | None = None) -> set[str]:
