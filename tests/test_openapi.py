@@ -9,8 +9,9 @@ from typing import Any
 
 import httpx
 import jsonschema
-import orjson
 import pytest
+import requests
+import schemathesis
 
 from apprentice.settings import Settings
 from gateway import app as gateway_app
@@ -70,6 +71,20 @@ def _schema_ref(operation: dict[str, Any], status: str, media_type: str = "appli
     return operation["responses"][status]["content"][media_type]["schema"]["$ref"]
 
 
+def _stream(path: str, body: bytes) -> schemathesis.Response:
+    """A 200 event stream of `path` as schemathesis reads one (the call headers the document requires included)."""
+    headers = {
+        "Content-Type": "text/event-stream; charset=utf-8",
+        "X-Trajectory-Id": "run-1",
+        "X-Apprentice-Trajectory-Id": "00000000-0000-0000-0000-000000000001",
+        "X-Apprentice-Call-Id": "call-1",
+    }
+    request = requests.Request("POST", "http://gateway" + path).prepare()
+    return schemathesis.Response(
+        200, {name: [value] for name, value in headers.items()}, body, request, elapsed=0.0, verify=True
+    )
+
+
 def test_every_served_path_is_documented_with_bodies_errors_headers_and_streams(gateway):
     answer = httpx.get(gateway.url + "/openapi.json")
     assert answer.status_code == 200
@@ -90,6 +105,9 @@ def test_every_served_path_is_documented_with_bodies_errors_headers_and_streams(
         assert "model" in request_schema["required"] and request_schema["additionalProperties"] is True
         assert "200" in operation["responses"] and _schema_ref(operation, "200")
         assert ("text/event-stream" in operation["responses"]["200"]["content"]) is streamed
+        if streamed:  # one event, as OpenAPI 3.1 reads a stream: its fields, the data a JSON text
+            event = _resolve(spec, _schema_ref(operation, "200", "text/event-stream"))
+            assert event["required"] == ["data"] and set(event["properties"]) == {"data", "event", "id", "retry"}
         for status in ("401", "404", "413", "502"):
             assert _schema_ref(operation, status) == REF + error_model, (path, status)
         if path in RECORDED:
@@ -139,6 +157,9 @@ def test_every_served_path_is_documented_with_bodies_errors_headers_and_streams(
 def test_documented_endpoints_still_reach_their_handlers_and_answer_as_documented(gateway):
     spec = httpx.get(gateway.url + "/openapi.json").json()
     paths = spec["paths"]
+    # Streams are judged as the fuzzer judges them (tests/test_schemathesis.py): every event's data
+    # against the `contentSchema` of the document's event.
+    fuzzer = schemathesis.openapi.from_dict(spec)
     chat = {"model": "fake-model", "messages": [{"role": "user", "content": "Hello"}]}
     responses = {"model": "agent", "input": "Hello"}
     messages = {"model": "agent", "max_tokens": 32, "messages": [{"role": "user", "content": "Hello"}]}
@@ -168,14 +189,37 @@ def test_documented_endpoints_still_reach_their_handlers_and_answer_as_documente
                 _validator(spec, REF + error_model).validate(refused.json())
 
             if streamed:
-                events = _validator(spec, _schema_ref(operation, "200", "text/event-stream"))
-                with client.stream("POST", path, json={**bodies[path], "stream": True}) as stream:
-                    assert stream.headers["content-type"].startswith("text/event-stream")
-                    data = [line[5:].strip() for line in stream.iter_lines() if line.startswith("data:")]
-                assert data, path
-                for payload in data:
-                    if payload != "[DONE]":
-                        events.validate(orjson.loads(payload))
+                stream = client.post(path, json={**bodies[path], "stream": True})
+                assert stream.status_code == 200, (path, stream.text)
+                assert stream.headers["content-type"].startswith("text/event-stream")
+                data = [line[5:].strip() for line in stream.text.splitlines() if line.startswith("data:")]
+                assert data and (data[-1] == "[DONE]") == ("chat" in path), (path, data[-1:])
+                fuzzer[path]["POST"].validate_response(stream)
+
+
+def test_each_streamed_event_carries_its_protocols_json_or_done_as_its_data():
+    """The event-stream schema constrains each event's data (what schemathesis checks of a stream):
+    a chunk, an error body or `[DONE]` for chat; Responses and Messages events, which end with an
+    event of their own (no `[DONE]`); anything else is a violation."""
+    fuzzer = schemathesis.openapi.from_dict(_app().fastapi.openapi())
+    chunk = b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[]}'
+    error = b'{"error":{"message":"broke","type":"upstream_error","param":null,"code":"stream_interrupted"}}'
+    conforming = {
+        "/v1/chat/completions": b"data: " + chunk + b"\n\ndata: " + error + b"\n\ndata: [DONE]\n\n",
+        "/v1/responses": b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\n',
+        "/messages": b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+        b'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"broke"}}\n\n',
+    }
+    violating = {
+        "/chat/completions": b'data: {"id":5}\n\n',
+        "/v1/chat/completions": b"data: not json\n\n",
+        "/responses": b"data: [DONE]\n\n",
+        "/v1/messages": b'event: message_stop\ndata: {"stop":true}\n\n',
+    }
+    for path, body in conforming.items():
+        fuzzer[path]["POST"].validate_response(_stream(path, body))
+    for path, body in violating.items():
+        assert not fuzzer[path]["POST"].is_valid_response(_stream(path, body)), path
 
 
 def test_documentation_never_routes_a_request():

@@ -7,7 +7,7 @@
   is answered and recorded as before (U+FFFD);
 - TRACE and other methods on the POST-only protocol paths answer 405 with `Allow`;
 - the 400 for a reward's `idempotency_key` that differs from its `Idempotency-Key` header is in
-  the OpenAPI document.
+  the OpenAPI document, and so is the 400 for an expected answer's regex that does not compile.
 """
 
 from __future__ import annotations
@@ -17,11 +17,15 @@ import uuid
 from typing import Any
 
 import httpx
+import hypothesis
+import jsonschema
 import openai
 import pytest
 
+from apprentice.evalsets.scoring import PYTHON_REGEX_FORMAT
 from apprentice.settings import MAX_BUDGET_USD, MAX_REQUESTS_PER_MINUTE, MAX_TOKENS_PER_MINUTE
 from tests.conftest import wait_for
+from tests.support import schemathesis_hooks
 
 ADMIN_KEY = "apprentice-admin-checks-0123456789"
 HUGE = 16284797927731913011899662336  # what the fuzzer stored: past 64 bits
@@ -146,6 +150,14 @@ def test_nul_in_text_that_reaches_a_query_is_a_400_naming_it_and_a_chat_call_sti
     )
     translated = {"model": "agent", "input": "hi", "previous_response_id": "resp_\x00"}
     _refused(client.post("/responses", json=translated), "previous_response_id")
+    # Free-form JSON (an evaluation item's messages) at any depth, object keys included.
+    created = admin.post("/admin/policies/agent/eval-sets", json={"name": "nul", "scoring": {"method": "judge"}})
+    assert created.status_code == 201, created.text
+    items = "/admin/policies/agent/eval-sets/nul/items"
+    nested = {"role": "user", "content": [{"type": "text", "text": "a\x00"}]}
+    _refused(admin.post(items, json={"items": [{"messages": [nested]}]}), "items[0].messages[0].content[0].text")
+    keyed = {"role": "user", "content": "hi", "extra": {"k\x00": 1}}
+    _refused(admin.post(items, json={"items": [{"messages": [keyed]}]}), "items[0].messages[0].extra.k\x00")
     assert admin.get("/trajectories", params={"policy": "agent"}).status_code == 200  # nothing else changed
 
     # A chat call's body is the upstream's to judge: answered, and recorded with U+FFFD for NUL.
@@ -172,6 +184,15 @@ def test_nul_in_text_that_reaches_a_query_is_a_400_naming_it_and_a_chat_call_sti
     assert re.search(path["pattern"], "a\x00") is None
     chat_body = spec["components"]["schemas"]["ChatCompletionRequest"]
     assert "\\x00" not in str(chat_body)  # what is forwarded keeps no such rule
+    # ... and their free-form JSON is `NulFreeJson`: NUL in none of its strings or keys, at any depth.
+    eval_items = jsonschema.Draft202012Validator(
+        {"$ref": "#/components/schemas/EvalItemsIn", "components": spec["components"]}
+    )
+    free = {"role": "user", "content": [{"type": "text", "text": "a"}], "n": [1, 2.5, None, True, {"k": "v"}]}
+    assert eval_items.is_valid({"items": [{"messages": [free]}]})
+    assert not eval_items.is_valid({"items": [{"messages": [nested]}]})
+    assert not eval_items.is_valid({"items": [{"messages": [keyed]}]})
+    assert not eval_items.is_valid({"items": [{"messages": [{"role": "user", "n": [[{"deep": "\x00"}]]}]}]})
 
 
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/responses"])
@@ -196,3 +217,28 @@ def test_an_idempotency_key_differing_from_its_header_is_a_documented_400(gatewa
         headers={"Authorization": f"Bearer {client_key['key']}", "Idempotency-Key": "header"},
     )
     _refused(refused, "idempotency_key")
+
+
+def test_a_regex_expected_answer_that_does_not_compile_is_a_documented_400(gateway, admin):
+    """What a fuzz found (seed 4152699502, 30 examples): `match: regex` with a pattern Python cannot
+    compile is a 400, which the document did not say. It says so now with a format of its own,
+    which the fuzzer draws from tests/support/schemathesis_hooks.py."""
+    scoring = {"method": "expected", "expected": "(C", "match": "regex"}
+    refused = admin.post("/admin/policies/agent/eval-sets", json={"name": "regex", "scoring": scoring})
+    _refused(refused, "scoring.expected")
+    created = admin.post(
+        "/admin/policies/agent/eval-sets", json={"name": "regex", "scoring": {**scoring, "expected": "(C)"}}
+    )
+    assert created.status_code == 201, created.text
+
+    spec = httpx.get(gateway.url + "/openapi.json", timeout=60).json()
+    expected = spec["components"]["schemas"]["ExpectedAnswer"]
+    assert expected["if"]["properties"]["match"] == {"const": "regex"}
+    assert expected["then"]["properties"]["expected"]["format"] == PYTHON_REGEX_FORMAT
+
+    @hypothesis.settings(max_examples=50, database=None)
+    @hypothesis.given(schemathesis_hooks.python_regexes)
+    def drawn_patterns_compile(pattern: str) -> None:
+        re.compile(pattern)
+
+    drawn_patterns_compile()

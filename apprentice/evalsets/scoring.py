@@ -36,6 +36,7 @@ from apprentice.settings import PolicySettings, Settings, gateway_base_url, reso
 from apprentice.webhook_signing import SIGNATURE_HEADER, sign
 
 __all__ = [
+    "PYTHON_REGEX_FORMAT",
     "ExpectedAnswer",
     "JudgeScoring",
     "RewardFunction",
@@ -47,8 +48,22 @@ __all__ = [
 ]
 
 
+# The JSON Schema `format` of a pattern Python's `re` compiles. JSON Schema's own `regex` format is
+# ECMA-262's dialect, which differs both ways (`(?P<n>x)`, `a{` and `]` are Python's only; `[^]`
+# and `\p{L}` ECMA-262's only), so a document saying `regex` would misstate which patterns a 400
+# refuses; tools that do not know this format read the field as a plain string.
+PYTHON_REGEX_FORMAT = "python-regex"
+_REGEX_WHEN_MATCHED: dict[str, Any] = {
+    "if": {"properties": {"match": {"const": "regex"}}, "required": ["match"]},
+    "then": {"properties": {"expected": {"format": PYTHON_REGEX_FORMAT}}},
+}
+
+
 class ExpectedAnswer(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """The answer is compared with `expected`. With `match: regex`, `expected` is a Python regular
+    expression (`re.search`), and one that does not compile is refused (400)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_REGEX_WHEN_MATCHED)
 
     method: Literal["expected"]
     expected: str = Field(min_length=1)

@@ -19,16 +19,19 @@ The wire types are each endpoint's (`<endpoint>/protocol.py`); what is here is w
 document says about them: statuses and error formats, headers, streams. After generation,
 `_complete` adds what FastAPI's generator cannot say:
 
-- a streamed answer's `text/event-stream` content, whose schema is the data of one event (as in
-  OpenAI's own document), beside the `application/json` answer;
+- a streamed answer's `text/event-stream` content beside the `application/json` answer: its
+  schema is one server-sent event as OpenAPI 3.1 tools read it (`{data, event, id, retry}`,
+  schemathesis among them), whose `data` is a JSON text (`contentMediaType`) holding the
+  protocol's event or error body (`contentSchema`), or chat's literal `[DONE]` (`EventStream`);
 - 400 in OpenAI's format where FastAPI wrote 422 (`HTTPValidationError`): the app answers a
   request FastAPI finds invalid with 400 and OpenAI's error body (app.py, `validation_error`);
 - OpenAI's error body on the app's own error statuses that name none (every error of a FastAPI
   route is written in OpenAI's format by the app's exception handlers);
 - the answers of routes that return raw bodies (`GET /v1/models`, `GET /v1/responses/{id}`,
   its input items), when the route declares none itself;
-- `NUL_FREE` on the strings of every FastAPI route's parameters and request fields, which the
-  app's one NUL check refuses (gateway/http/query_text.py);
+- `NUL_FREE` on the strings of every FastAPI route's parameters and request fields, and
+  `NulFreeJson` (any JSON value, NUL in none of its strings and keys) for their free-form values
+  and the keys of their objects: what the app's one NUL check refuses (gateway/http/query_text.py);
 - OpenAPI links (`LINKS`) from the answers that name a policy, version, trajectory, response,
   reward or key to the operations that take it.
 """
@@ -190,8 +193,31 @@ def _errors(model: type[BaseModel], statuses: Iterable[int], fmt: str) -> dict[i
 OPENAI_ERRORS = _errors(OpenAIError, (400, 401, 404, 413, 429, 502, 503, 504), "OpenAI's")
 ANTHROPIC_ERRORS = _errors(AnthropicError, (400, 401, 404, 413, 429, 502, 503, 504), "Anthropic's")
 
-# The event model of each streamed operation, by (path, method): `_complete` adds its content.
-STREAMS: dict[tuple[str, str], type[BaseModel]] = {}
+
+@dataclass(frozen=True)
+class EventStream:
+    """What the events of a streamed answer carry: each event's `data` is a JSON text holding one
+    of `payloads` (the protocol's event, or the error body a stream broken off mid-way ends with);
+    `done`: the stream ends with the literal `data: [DONE]` (chat completions) rather than an
+    event of its own. `name` is the component the document declares for one event."""
+
+    name: str
+    payloads: tuple[type[BaseModel], ...]
+    done: bool = False
+    event: str = "The event's type, when the protocol names it (`event: <type>`, the `type` of its data)."
+
+
+CHAT_EVENTS = EventStream(
+    "ChatCompletionServerSentEvent",
+    (ChatCompletionChunk, OpenAIError),
+    done=True,
+    event="Not sent by OpenAI's chat streams (read as `message`).",
+)
+RESPONSE_EVENTS = EventStream("ResponseServerSentEvent", (ResponseStreamEvent,))
+MESSAGE_EVENTS = EventStream("MessageServerSentEvent", (MessageStreamEvent, AnthropicError))
+
+# The events of each streamed operation, by (path, method): `_complete` adds its content.
+STREAMS: dict[tuple[str, str], EventStream] = {}
 
 
 class DocumentationOnly(RuntimeError):
@@ -207,7 +233,7 @@ def _declare(
     description: str,
     ok: dict[str, Any],
     errors: dict[int | str, dict[str, Any]],
-    stream: type[BaseModel] | None = None,
+    stream: EventStream | None = None,
 ) -> None:
     """Declare `POST` on each path (the first is the /v1 one, the others its aliases) on `router`."""
     for position, path in enumerate(served_at):
@@ -258,7 +284,7 @@ _declare(
     + UPSTREAM_STATUSES,
     ok={"model": ChatCompletion, "description": "The completion, or its event stream.", "headers": CALL_HEADERS},
     errors=OPENAI_ERRORS,
-    stream=ChatCompletionChunk,
+    stream=CHAT_EVENTS,
 )
 
 
@@ -286,7 +312,7 @@ _declare(
     "`response.completed` (or `response.incomplete`, `response.failed`)." + RECORDED + UPSTREAM_STATUSES,
     ok={"model": ResponseObject, "description": "The response, or its event stream.", "headers": CALL_HEADERS},
     errors=OPENAI_ERRORS,
-    stream=ResponseStreamEvent,
+    stream=RESPONSE_EVENTS,
 )
 
 
@@ -318,7 +344,7 @@ _declare(
     + UPSTREAM_STATUSES,
     ok={"model": Message, "description": "The message, or its event stream.", "headers": CALL_HEADERS},
     errors=ANTHROPIC_ERRORS,
-    stream=MessageStreamEvent,
+    stream=MESSAGE_EVENTS,
 )
 
 
@@ -542,7 +568,7 @@ def _complete(spec: dict[str, Any]) -> None:
     paths: dict[str, dict[str, Any]] = spec["paths"]
     for (path, method), events in STREAMS.items():
         content = paths[path][method]["responses"]["200"]["content"]
-        content["text/event-stream"] = {"schema": _component(spec, events)}
+        content["text/event-stream"] = {"schema": _event_component(spec, events)}
     for (path, method), (answer, statuses) in ANSWERS.items():
         responses = paths[path][method]["responses"]
         json_content = responses["200"].setdefault("content", {}).setdefault("application/json", {})
@@ -567,11 +593,33 @@ def _complete(spec: dict[str, Any]) -> None:
             schemas.pop(name, None)
 
 
+NUL_FREE_JSON = "NulFreeJson"
+_NUL_FREE_JSON_REF = {"$ref": REF + NUL_FREE_JSON}
+# What the app's NUL check (gateway/http/query_text.py) lets through in a free-form value: any
+# JSON, NUL in none of its strings, at any depth, nor in its objects' keys.
+NUL_FREE_JSON_SCHEMA: dict[str, Any] = {
+    "title": NUL_FREE_JSON,
+    "description": "Any JSON value without the NUL character (\\u0000) in its strings or object keys, at any "
+    "depth: a request holding one is refused with 400 naming where it is.",
+    "anyOf": [
+        {"type": "string", "pattern": NUL_FREE},
+        {"type": ["number", "boolean", "null"]},
+        {"type": "array", "items": _NUL_FREE_JSON_REF},
+        {"type": "object", "propertyNames": {"pattern": NUL_FREE}, "additionalProperties": _NUL_FREE_JSON_REF},
+    ],
+}
+# Keywords that say nothing about which values a schema allows: a schema of these alone is any JSON.
+_ANNOTATIONS = {"title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly"}
+
+
 def _nul_free(spec: dict[str, Any], declared: set[tuple[str, str]]) -> None:
-    """The app's routes refuse NUL in every parameter and request field (gateway/http/query_text.py):
-    their strings say so with `NUL_FREE` where they have no pattern of their own. The operations
+    """The app's routes refuse NUL in every parameter and request field, and anywhere in their
+    JSON bodies, object keys included (gateway/http/query_text.py): their strings say so with
+    `NUL_FREE` where they have no pattern of their own, their free-form values (an object's
+    undeclared properties, an array of anything, `Any`) are `NulFreeJson`. The operations
     declared here (chat, responses, messages) take NUL in what they forward and keep no such rule."""
-    schemas: dict[str, Any] = spec.get("components", {}).get("schemas", {})
+    schemas: dict[str, Any] = spec.setdefault("components", {}).setdefault("schemas", {})
+    schemas[NUL_FREE_JSON] = NUL_FREE_JSON_SCHEMA
     operations = [
         (path, method, operation) for path, item in spec["paths"].items() for method, operation in item.items()
     ]
@@ -601,7 +649,8 @@ def _nul_free(spec: dict[str, Any], declared: set[tuple[str, str]]) -> None:
 
 def _strings_nul_free(schema: Any) -> None:
     """`NUL_FREE` on every plain string of a schema (those without a pattern, format, enum or
-    const), nested ones included; references are left to the caller."""
+    const), `NulFreeJson` for its free-form values and `NUL_FREE` on its object keys, nested
+    ones included; references are left to the caller."""
     if isinstance(schema, list):
         for item in schema:
             _strings_nul_free(item)
@@ -610,12 +659,39 @@ def _strings_nul_free(schema: Any) -> None:
         return
     if schema.get("type") == "string" and not {"pattern", "format", "enum", "const"} & set(schema):
         schema["pattern"] = NUL_FREE
+    if schema.get("type") == "object":
+        schema.setdefault("propertyNames", {"pattern": NUL_FREE})
+        if "patternProperties" in schema and "additionalProperties" not in schema:
+            # pydantic writes a dict's key constraint as patternProperties: a key matching none is refused
+            schema["additionalProperties"] = False
+        elif schema.get("additionalProperties", True) is True:
+            schema["additionalProperties"] = dict(_NUL_FREE_JSON_REF)
+    if schema.get("type") == "array" and schema.get("items", True) is True:
+        schema["items"] = dict(_NUL_FREE_JSON_REF)
     for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
         _strings_nul_free(schema.get(key))
     for key in ("items", "additionalProperties", "not"):
         _strings_nul_free(schema.get(key))
     for value in (schema.get("properties") or {}).values():
         _strings_nul_free(value)
+    for key in ("properties", "patternProperties"):
+        values = schema.get(key) or {}
+        for name, value in values.items():
+            if _free_form(value):
+                values[name] = {**value, **_NUL_FREE_JSON_REF}
+    for key in ("items", "additionalProperties"):
+        if _free_form(schema.get(key)):
+            schema[key] = {**schema[key], **_NUL_FREE_JSON_REF}
+    for key in ("anyOf", "oneOf", "prefixItems"):
+        branches = schema.get(key) or []
+        for index, branch in enumerate(branches):
+            if _free_form(branch):
+                branches[index] = {**branch, **_NUL_FREE_JSON_REF}
+
+
+def _free_form(schema: Any) -> bool:
+    """Whether a schema allows any JSON value (`{}`, `Any`: annotations at most)."""
+    return isinstance(schema, dict) and set(schema) <= _ANNOTATIONS
 
 
 def _reachable_refs(value: Any, schemas: dict[str, Any], found: set[str] | None = None) -> set[str]:
@@ -643,6 +719,38 @@ def _component(spec: dict[str, Any], model: type[BaseModel]) -> dict[str, str]:
         if schemas.setdefault(name, schema) != schema:
             raise ValueError(f"two different schemas are named {name} in the OpenAPI document")
     return dict(refs[(model, "serialization")])
+
+
+def _event_component(spec: dict[str, Any], stream: EventStream) -> dict[str, str]:
+    """A reference to the schema of one server-sent event of `stream`, added to the components.
+
+    OpenAPI 3.1 has a `text/event-stream` schema describe each event as an object of its fields
+    (`data`, `event`, `id`, `retry`; OpenAPI 3.2 calls it `itemSchema`), not the JSON its data
+    holds: the data is a string whose content is JSON, said with `contentMediaType` and
+    `contentSchema`, which validators that read event streams (schemathesis) check."""
+    payloads = [_component(spec, payload) for payload in stream.payloads]
+    data: dict[str, Any] = {
+        "type": "string",
+        "description": "A JSON text: " + " or ".join(f"`{payload.__name__}`" for payload in stream.payloads) + ".",
+        "contentMediaType": "application/json",
+        "contentSchema": payloads[0] if len(payloads) == 1 else {"anyOf": payloads},
+    }
+    if stream.done:
+        data = {"anyOf": [{"const": "[DONE]", "description": "The stream's last event."}, data]}
+    schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+    schemas[stream.name] = {
+        "title": stream.name,
+        "type": "object",
+        "description": "One server-sent event of the stream (its fields, as `text/event-stream` carries them).",
+        "properties": {
+            "data": data,
+            "event": {"type": "string", "description": stream.event},
+            "id": {"type": "string"},
+            "retry": {"type": "integer", "minimum": 0},
+        },
+        "required": ["data"],
+    }
+    return {"$ref": REF + stream.name}
 
 
 def _without_nulls(value: Any) -> Any:

@@ -10,6 +10,10 @@ check that the gateway forwards them byte for byte and records them:
   a tool_use block of the first tool; a request without `x-api-key` is a 401 in Anthropic's
   format. Streams send message_start ... message_stop.
 - POST /v1/messages/count_tokens: {"input_tokens": words of the messages}.
+
+A body the fake cannot read (not a JSON object, tools that are not objects, a text part whose
+text is not a string, a previous response id that is not a string) is a 400 in the protocol's
+error format, as the real APIs answer it, never a crash.
 """
 
 from __future__ import annotations
@@ -41,6 +45,46 @@ def _last_text(items: Any) -> str:
             if texts:
                 return " ".join(texts)
     return ""
+
+
+def _malformed(body: Any, conversation: str, *, named_tools: bool) -> str | None:
+    """Why a body's fields that the fake reads are not of the type the real API requires, or None."""
+    if not isinstance(body, dict):
+        return "the request body must be a JSON object"
+    previous = body.get("previous_response_id")
+    if previous is not None and not isinstance(previous, str):
+        return "previous_response_id must be a string"
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        return "tools must be an array"
+    for index, tool in enumerate(tools or []):
+        if not isinstance(tool, dict) or (named_tools and not isinstance(tool.get("name"), str)):
+            return f"tools[{index}] must be an object" + (" with a string name" if named_tools else "")
+    items = body.get(conversation)
+    for position, item in enumerate(items if isinstance(items, list) else []):
+        content = item.get("content") if isinstance(item, dict) else None
+        for index, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and not isinstance(part.get("text", ""), str):
+                return f"{conversation}[{position}].content[{index}].text must be a string"
+    return None
+
+
+async def _read(request: web.Request) -> Any:
+    """The request's JSON, or None when the body is not JSON."""
+    try:
+        return orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _openai_error(message: str) -> web.Response:
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    return web.Response(status=400, body=orjson.dumps({"error": error}), content_type="application/json")
+
+
+def _anthropic_error(message: str) -> web.Response:
+    error = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+    return web.Response(status=400, body=orjson.dumps(error), content_type="application/json")
 
 
 def _sse(event_type: str, data: dict[str, Any]) -> bytes:
@@ -114,7 +158,10 @@ class FakeNative:
         }
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
-        body = orjson.loads(await request.read())
+        body = await _read(request)
+        refused = _malformed(body, "input", named_tools=False)
+        if refused:
+            return _openai_error(refused)
         previous = body.get("previous_response_id")
         if previous and previous not in self.responses:
             error = {
@@ -207,7 +254,10 @@ class FakeNative:
                 "error": {"type": "authentication_error", "message": "x-api-key header is required"},
             }
             return web.Response(status=401, body=orjson.dumps(error), content_type="application/json")
-        body = orjson.loads(await request.read())
+        body = await _read(request)
+        refused = _malformed(body, "messages", named_tools=True)
+        if refused:
+            return _anthropic_error(refused)
         message = self._message(body)
         if not body.get("stream"):
             return web.Response(body=orjson.dumps(message), content_type="application/json")
@@ -258,7 +308,10 @@ class FakeNative:
         return stream
 
     async def count_tokens(self, request: web.Request) -> web.Response:
-        body = orjson.loads(await request.read())
+        body = await _read(request)
+        refused = _malformed(body, "messages", named_tools=True)
+        if refused:
+            return _anthropic_error(refused)
         return web.Response(
             body=orjson.dumps({"input_tokens": len(str(body.get("messages")).split())}), content_type="application/json"
         )

@@ -22,6 +22,10 @@ the request, so tests can check that the gateway forwards and records them faith
   no Responses or Messages (`FakeUpstreamProcess.chat_only_api_base`).
 - `GET /_requests` returns the bodies received (newest last); `DELETE /_requests` clears them.
 
+What the gateway forwards unread, a fuzzer's bodies included, the fake refuses as OpenAI would
+when it cannot read it (a 400 in OpenAI's format: `_out_of_range`, `_malformed`), never with a
+crash: a 500 from the fake would read as the gateway's own server error.
+
 Run it alone with `python -m tests.support.fake_upstream --port 9100`.
 """
 
@@ -55,7 +59,7 @@ def _error(status: int, message: str, err_type: str = "invalid_request_error") -
 
 # OpenAI's bounds on the fields that size an answer (n, top_logprobs) or a stream (fake_stream).
 _BOUNDS = {"n": (1, 128), "top_logprobs": (0, 20)}
-_STREAM_BOUNDS = {"chunks": (0, 10_000), "chunk_delay_ms": (0, 10_000)}
+_STREAM_BOUNDS = {"chunks": (0, 10_000), "chunk_delay_ms": (0, 10_000), "split_done_ms": (0, 10_000)}
 
 
 def _out_of_range(body: dict[str, Any]) -> str | None:
@@ -73,6 +77,31 @@ def _out_of_range(body: dict[str, Any]) -> str | None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
                 return f"{prefix}{name} must be a number from {low} to {high}"
+    return None
+
+
+def _malformed(body: dict[str, Any]) -> str | None:
+    """Why a chat request's fields that the fake reads are not of the type OpenAI requires (and
+    the gateway's document declares), or None: each a 400 there, a crash here if read as they are."""
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        return "seed must be an integer"
+    if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
+        return "stream_options must be an object"
+    for position, message in enumerate(body["messages"]):
+        if not isinstance(message, dict):
+            return f"messages[{position}] must be an object"
+        content = message.get("content")
+        for index, part in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(part, dict) or not isinstance(part.get("text", ""), str):
+                return f"messages[{position}].content[{index}] must be an object whose text is a string"
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        return "tools must be an array"
+    for index, tool in enumerate(tools or []):
+        function = tool.get("function", {"name": ""}) if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            return f"tools[{index}] must be an object whose function has a string name"
     return None
 
 
@@ -178,6 +207,8 @@ class FakeUpstream:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return _error(400, "fake upstream: body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "fake upstream: body is not a JSON object")
         if len(self.requests) > 10_000:
             del self.requests[:5_000], self.headers[:5_000]
         self.requests.append(body)
@@ -192,7 +223,7 @@ class FakeUpstream:
             await asyncio.sleep(min(int(model[5:]), 60_000) / 1000)
         if not isinstance(body.get("messages"), list):
             return _error(400, "messages must be a list")
-        refused = _out_of_range(body)
+        refused = _malformed(body) or _out_of_range(body)
         if refused:  # as OpenAI refuses them: what a fuzzer sends must not take the fake down
             return _error(400, refused)
         self.counter += 1
@@ -300,7 +331,7 @@ class FakeUpstream:
         await response.prepare(request)
         n = int(body.get("n") or 1)
         shape = body.get("fake_stream") or {}
-        chunks = int(shape.get("chunks") or request.headers.get("X-Fake-Chunks", DEFAULT_CHUNKS))
+        chunks = max(1, int(shape.get("chunks") or request.headers.get("X-Fake-Chunks", DEFAULT_CHUNKS)))
         created = int(time.time())
         base = {
             "id": completion_id,
@@ -309,7 +340,7 @@ class FakeUpstream:
             "model": body.get("model"),
             "system_fingerprint": "fp_fake",
         }
-        if body.get("stream_options", {}).get("include_usage"):
+        if (body.get("stream_options") or {}).get("include_usage"):
             base["usage"] = None
         end = b"\r\n\r\n" if shape.get("line_ending") == "crlf" else b"\n\n"
         delay_s = float(shape.get("chunk_delay_ms") or 0) / 1000
@@ -384,7 +415,7 @@ class FakeUpstream:
                     choice["token_ids"] = [100 + start + i for i in range(len(piece))]
                 await send([choice])
             await send([{"index": index, "delta": {}, "logprobs": None, "finish_reason": "stop"}])
-        if body.get("stream_options", {}).get("include_usage"):
+        if (body.get("stream_options") or {}).get("include_usage"):
             await send([], usage=self._usage(body, n))
         if split_done_ms is not None:
             await response.write(b"data: [DO")

@@ -9,9 +9,10 @@ validates a request with them (the hot path stays free of that cost).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import Required, TypedDict
 
 from gateway.endpoints.responses.translate import MAX_TOP_LOGPROBS
 
@@ -35,9 +36,33 @@ class OpenAIError(BaseModel):
     error: OpenAIErrorDetail
 
 
+class ChatContentPart(TypedDict, total=False):
+    """One part of a message's content: `text`, `image_url`, `input_audio`, `file`, ... Its fields
+    may be left out, but one that is sent has OpenAI's type (a `text` that is not a string is a 400)."""
+
+    __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
+    type: str
+    text: Annotated[str, Field(description="The text of a `text` part.")]
+
+
+class ChatToolFunction(TypedDict, total=False):
+    """A function tool's declaration (`parameters`, `description`, `strict`, ...)."""
+
+    __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
+    name: Required[str]
+
+
+class ChatTool(TypedDict, total=False):
+    """A tool the model may call: `{"type": "function", "function": {...}}`, or another type's own fields."""
+
+    __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
+    type: str
+    function: ChatToolFunction
+
+
 class ChatMessage(_Open):
     role: str = Field(description="`system`, `developer`, `user`, `assistant` or `tool`.")
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ChatContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -63,7 +88,7 @@ class ChatCompletionRequest(_Open):
     temperature: float | None = Field(None, description="A policy's own `temperature` overrides it.")
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
