@@ -24,11 +24,8 @@ install: $(BIN)/.installed
 up: $(BIN)/.installed
 	$(BIN)/apprentice up
 
-# Two workers: about a third less wall time than one on this two-core machine, since most tests
-# wait on processes they started; the real-model tests keep one worker to themselves (tests/conftest.py).
-TEST_WORKERS ?= 2
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest
 
 # The deeper fuzz of the whole API (tests/test_schemathesis.py): 100 examples an operation, a new
 # seed each run (printed; FUZZ_SEED=<seed> replays it). About ten minutes on a quiet two-core machine.
@@ -43,7 +40,7 @@ fuzz: $(BIN)/.installed
 # The edit loop: everything but the real-model learning tests, the browser tests and the slow ones
 # (pyproject.toml's markers). `make test` (and CI) still runs them all.
 test-fast: $(BIN)/.installed
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not learning and not browser and not slow"
+	$(BIN)/python -m pytest -m "not learning and not browser and not slow"
 
 # Every check runs even when an earlier one fails, so one pass reports all of them.
 lint: $(BIN)/.installed

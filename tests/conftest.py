@@ -219,19 +219,3 @@ def smollm2_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 def model_server(smollm2_server: ModelServerProcess) -> ModelServerProcess:
     """The session's SmolLM2 server, under the name the learning tests used for their own."""
     return smollm2_server
-
-
-# ---- running the suite on several workers (`make test`: pytest-xdist, `--dist loadgroup`) ----
-
-# Tests that use the real SmolLM2 run on one worker, one after another: they share that worker's
-# one model server (a second would cost memory and a start), and each saturates the machine's
-# cores while it trains, so two at once would only slow both towards their time budgets. Every
-# other test is spread over the workers; most of their time is spent waiting on processes.
-SMOLLM2_FIXTURES = frozenset({"smollm2_server", "model_server", "smollm2_dir"})
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if SMOLLM2_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("learning"):
-            item.add_marker(pytest.mark.xdist_group("smollm2"))
-
