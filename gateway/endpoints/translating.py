@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from gateway import metrics
@@ -35,6 +36,19 @@ class Refusal(Protocol):
 
     status: int
     message: str
+
+
+@dataclass(frozen=True)
+class ClientNames:
+    """What the client named of its call in the headers: its run, its group, its task family."""
+
+    trajectory: str | None
+    group: str | None
+    family: str | None
+
+    @classmethod
+    def of(cls, scope: Scope) -> ClientNames:
+        return cls(header(scope, b"x-trajectory-id"), header(scope, b"x-group-id"), header(scope, b"x-task-family"))
 
 
 class TranslatingEndpoint(ABC):
@@ -64,9 +78,7 @@ class TranslatingEndpoint(ABC):
         key: KeyInfo,
         body: dict[str, Any],
         created_at: float,
-        trajectory: str | None,
-        group: str | None,
-        family: str | None,
+        named: ClientNames,
     ) -> tuple[ChatRequest, Wire]:
         """The chat request to run, and the wire that answers it in this protocol."""
 
@@ -87,7 +99,7 @@ class TranslatingEndpoint(ABC):
         refusals: tuple[type[Exception], ...] = (GatewayError, *self.protocol_errors)
         try:
             key, raw, body, plan = await self.accept(scope, receive)
-            trajectory, group = header(scope, b"x-trajectory-id"), header(scope, b"x-group-id")
+            named = ClientNames.of(scope)
             if self.speaks_natively(plan):
                 await forward_request(
                     self.state,
@@ -98,14 +110,13 @@ class TranslatingEndpoint(ABC):
                     plan,
                     scope,
                     send,
-                    client_trajectory_id=trajectory,
-                    group_id=group,
+                    client_trajectory_id=named.trajectory,
+                    group_id=named.group,
                     started=started,
                     created_at=created_at,
                 )
                 return
-            family = header(scope, b"x-task-family")
-            request, wire = await self.translate(key, body, created_at, trajectory, group, family)
+            request, wire = await self.translate(key, body, created_at, named)
         except refusals as error:
             refusal = cast(Refusal, error)  # every listed exception carries a status and a message
             metrics.REQUESTS.labels(self.native.name, metrics.status_class(refusal.status)).inc()

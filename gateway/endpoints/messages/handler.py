@@ -28,7 +28,7 @@ from gateway.endpoints.messages.errors import MessagesError, error_body
 from gateway.endpoints.messages.translate import count_tokens_text, estimate_tokens, to_chat_request
 from gateway.endpoints.messages.wire import MessagesWire
 from gateway.endpoints.native import NativeProtocol
-from gateway.endpoints.translating import Refusal, TranslatingEndpoint
+from gateway.endpoints.translating import ClientNames, Refusal, TranslatingEndpoint
 from gateway.http.asgi import JSON_HEADERS, Receive, Scope, Send, header, send_response
 from gateway.http.errors import GatewayError
 from gateway.trajectories.stitching import MessageKeys, continuation_keys, request_keys, uuid7
@@ -149,13 +149,11 @@ class MessagesEndpoint(TranslatingEndpoint):
         key: KeyInfo,
         body: dict[str, Any],
         created_at: float,
-        trajectory: str | None,
-        group: str | None,
-        family: str | None,
+        named: ClientNames,
     ) -> tuple[ChatRequest, MessagesWire]:
         chat_body = to_chat_request(body)
         chat_body["model"] = body["model"]
-        request = ChatRequest.translated(chat_body, trajectory, group, family)
+        request = ChatRequest.translated(chat_body, named.trajectory, named.group, named.family)
         return request, MessagesWire(body, message_id=f"msg_{uuid7().hex}")
 
     async def send_refusal(self, send: Send, error: Refusal) -> None:

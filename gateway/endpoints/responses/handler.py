@@ -21,7 +21,7 @@ from gateway.endpoints.native import NativeProtocol, chain_keys, response_chain_
 from gateway.endpoints.responses.history import ResponseHistory
 from gateway.endpoints.responses.translate import to_chat_request
 from gateway.endpoints.responses.wire import ResponsesWire
-from gateway.endpoints.translating import Refusal, TranslatingEndpoint
+from gateway.endpoints.translating import ClientNames, Refusal, TranslatingEndpoint
 from gateway.http.asgi import Send, send_error
 from gateway.http.errors import GatewayError
 from gateway.http.query_text import refuse_nul
@@ -88,9 +88,7 @@ class ResponsesEndpoint(TranslatingEndpoint):
         key: KeyInfo,
         body: dict[str, Any],
         created_at: float,
-        trajectory: str | None,
-        group: str | None,
-        family: str | None,
+        named: ClientNames,
     ) -> tuple[ChatRequest, ResponsesWire]:
         previous = None
         previous_id = body.get("previous_response_id")
@@ -118,6 +116,7 @@ class ResponsesEndpoint(TranslatingEndpoint):
         )
         # The named previous response decides the trajectory (its id, issued to this tenant, is
         # taken as it is), unless the client names its run itself.
+        trajectory = named.trajectory
         if trajectory is None and previous is not None:
             trajectory = str(previous.trajectory_id)
-        return ChatRequest.translated(chat_body, trajectory, group, family), wire
+        return ChatRequest.translated(chat_body, trajectory, named.group, named.family), wire
