@@ -12,13 +12,18 @@ it that way, run by every gateway process (gateway/history_maintenance.py) and b
   before the ATTACH, spares the ATTACH its scan of DEFAULT under ACCESS EXCLUSIVE. A range that
   overlaps another partition (gateways with different intervals during a rollout) is skipped.
 - **Retention.** A partition whose whole range is older than `retention_days` is detached and
-  dropped, after the rows still needed are copied back into `calls`, where they land in the
-  DEFAULT partition (no range covers them any more). Kept: calls of trajectories rewarded but
-  not yet trained on, of trajectories trained by a run still running, and of trajectories that
-  trained the promoted, canary and candidate versions and their ancestors (the serving lineage
-  and what is about to serve: what an audit, a review or a rebuild of the adapter needs).
-  Old rows in the DEFAULT partition that are no longer needed are deleted row by row (it only
-  ever holds kept rows and strays, so it stays small).
+  dropped; the rows still needed are kept. Kept: calls of trajectories rewarded but not yet
+  trained on, of trajectories trained by a run still running, and of trajectories that trained
+  the promoted, canary and candidate versions and their ancestors (the serving lineage and what
+  is about to serve: what an audit, a review or a rebuild of the adapter needs). Where the kept
+  rows go depends on how many there are, so that no lock is held for a time that grows with them:
+  at most SLICE_ROWS are put back into `calls`, where they land in the DEFAULT partition (no
+  range covers them any more); more stay in a *remnant*, a table `<partition>_kept` built beside
+  the partition and attached for the same range in its place (catalog work only: its indexes and
+  a CHECK of its bounds are made beforehand, and a CHECK on DEFAULT spares the ATTACH its scan).
+  Later passes delete the rows of DEFAULT and of remnants that nothing needs any more, row by
+  row, and fold a remnant that has shrunk to SLICE_ROWS into DEFAULT. A remnant whose rows stay
+  needed (a long serving lineage) stays a partition: one more per retained day at most.
 
 Several gateway processes run this at once: every transaction first takes one advisory lock
 without waiting and does nothing when another process holds it; DDL waits at most
@@ -27,8 +32,9 @@ shipper for long), and a pass that gives up, on a lock timeout or as the victim 
 in a deadlock, is simply run again by the next one. Retention locks `calls` before its
 partitions, the order of every writer's UPDATE, so it waits on writers and they on it, never in
 a cycle. The kept rows are copied before that lock, with a trigger recording the writes to the
-old partition meanwhile; the lock is held only to apply those by key and swap the partition out,
-so the shipper waits for a time that grows with the kept rows, not with the partition.
+old partition meanwhile; the lock is held only to apply those by key and swap the partition out
+(for the remnant, or for at most SLICE_ROWS rows put into DEFAULT), so the shipper waits for a
+time that grows neither with the partition nor with its kept rows.
 """
 
 from __future__ import annotations
@@ -37,9 +43,10 @@ import asyncio
 import contextlib
 import logging
 import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -47,11 +54,17 @@ from psycopg import sql
 from apprentice.settings import HistorySettings
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 HISTORY_LOCK_ID = 0x4150_4849  # pg advisory lock of the one process maintaining partitions
 PARENT = "calls"
 DEFAULT_PARTITION = "calls_default"
 _NAME = re.compile(r"^calls_p\d{8}(_\d{4})?$")
+REMNANT_SUFFIX = "_kept"
+_REMNANT = re.compile(r"^calls_p\d{8}(_\d{4})?_kept$")
+# Kept rows at most this many are put into DEFAULT under the lock (tens of milliseconds); more
+# stay in a remnant partition, attached in place of the dropped one (module docstring).
+SLICE_ROWS = 2_000
 
 _PARTITIONS = """
 SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) AS bound
@@ -109,6 +122,9 @@ class MaintenanceReport:
     rows_kept: int = 0
     default_rows_deleted: int = 0
     moved_from_default: int = 0
+    remnants: list[str] = field(default_factory=list)  # attached in place of a dropped partition
+    remnant_rows_deleted: int = 0
+    remnants_folded: list[str] = field(default_factory=list)
     skipped: str | None = None  # why the pass did nothing (another process, a lock timeout)
 
     def as_dict(self) -> dict[str, Any]:
@@ -119,6 +135,9 @@ class MaintenanceReport:
             "rows_kept": self.rows_kept,
             "default_rows_deleted": self.default_rows_deleted,
             "moved_from_default": self.moved_from_default,
+            "remnants": self.remnants,
+            "remnant_rows_deleted": self.remnant_rows_deleted,
+            "remnants_folded": self.remnants_folded,
             "skipped": self.skipped,
         }
 
@@ -318,20 +337,37 @@ DROP_LOCK_TRIES = 6
 CHANGE_TRIGGER = "calls_retention_change"
 
 
+def remnant_name(partition: str) -> str:
+    """The table that holds a dropped partition's kept rows when there are more than SLICE_ROWS."""
+    return f"{partition}{REMNANT_SUFFIX}"
+
+
+async def _exists(cursor: psycopg.AsyncCursor[Any], name: str) -> bool:
+    await cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
+    row = await cursor.fetchone()
+    return bool(row and row[0])
+
+
 async def _watch_and_copy(
     connection: psycopg.AsyncConnection[Any], settings: HistorySettings, partition: Partition
 ) -> int | None:
-    """The first two steps of a drop, neither locking `calls` (the shipper goes on):
+    """The first steps of a drop, none locking `calls` (the shipper goes on):
 
     1. a trigger on the partition records every later write to it (calls_retention_changes);
        creating it waits for writers of this partition only, never for the shipper's inserts
        of today's calls;
-    2. the kept rows are copied into the session's temporary table `retained_calls` (and their
-       trajectories into `retained_trajectories`) from a snapshot taken after the trigger
-       exists, so a row is either in the copy or written later and recorded.
+    2. the kept rows are copied into the remnant table `<partition>_kept` (made LIKE calls with
+       its indexes, not attached; the trajectories kept at the copy into the session's temporary
+       `retained_trajectories`) from a snapshot taken after the trigger exists, so a row is
+       either in the copy or written later and recorded; a CHECK of the partition's bounds on the
+       remnant lets a later ATTACH skip scanning it;
+    3. a CHECK on DEFAULT that excludes the range (always true while the partition covers it),
+       validated under SHARE UPDATE EXCLUSIVE, lets that ATTACH skip scanning DEFAULT.
 
-    Returns the partition's row count at the copy; None when the partition is gone already."""
+    A remnant table left unattached by an interrupted pass is made anew. Returns the partition's
+    row count at the copy; None when the partition is gone already."""
     name = sql.Identifier(partition.name)
+    remnant = sql.Identifier(remnant_name(partition.name))
     async with connection.transaction(), connection.cursor() as cursor:
         await _locked(cursor, settings)
         if not await _attached(cursor, partition.name):
@@ -345,27 +381,60 @@ async def _watch_and_copy(
         await cursor.execute("DELETE FROM calls_retention_changes WHERE partition = %s", (partition.name,))
     async with connection.transaction(), connection.cursor() as cursor:
         await cursor.execute("SET LOCAL jit = off")
-        await cursor.execute("DROP TABLE IF EXISTS retained_trajectories, retained_calls")
+        await cursor.execute("DROP TABLE IF EXISTS retained_trajectories")
+        # While the partition is attached, its remnant cannot be: a table of that name is an
+        # interrupted pass's copy.
+        await cursor.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(remnant))
         await cursor.execute(f"CREATE TEMP TABLE retained_trajectories AS {_KEPT_TRAJECTORIES}")
         await cursor.execute("ALTER TABLE retained_trajectories ADD PRIMARY KEY (id)")
+        await cursor.execute(sql.SQL("CREATE TABLE {} (LIKE calls INCLUDING ALL)").format(remnant))
         await cursor.execute(
             sql.SQL(
-                "CREATE TEMP TABLE retained_calls AS SELECT c.* FROM {} c "
-                "WHERE c.trajectory_id IN (SELECT id FROM retained_trajectories)"
-            ).format(name)
+                "INSERT INTO {} SELECT c.* FROM {} c WHERE c.trajectory_id IN (SELECT id FROM retained_trajectories)"
+            ).format(remnant, name)
         )
-        await cursor.execute("CREATE INDEX ON retained_calls (id)")
+        await cursor.execute(
+            sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK (created_at >= {} AND created_at < {})").format(
+                remnant,
+                sql.Identifier(f"{remnant_name(partition.name)}_bound"),
+                sql.Literal(partition.lower),
+                sql.Literal(partition.upper),
+            )
+        )
         await cursor.execute(sql.SQL("SELECT count(*) FROM {}").format(name))
         row = await cursor.fetchone()
+    async with connection.transaction(), connection.cursor() as cursor:
+        await _locked(cursor, settings)
+        await cursor.execute(
+            sql.SQL(
+                "ALTER TABLE calls_default DROP CONSTRAINT IF EXISTS {}, "
+                "ADD CONSTRAINT {} CHECK (created_at < {} OR created_at >= {}) NOT VALID"
+            ).format(
+                _excluded(partition.name),
+                _excluded(partition.name),
+                sql.Literal(partition.lower),
+                sql.Literal(partition.upper),
+            )
+        )
+    async with connection.transaction(), connection.cursor() as cursor:
+        await _locked(cursor, settings)
+        await cursor.execute(
+            sql.SQL("ALTER TABLE calls_default VALIDATE CONSTRAINT {}").format(_excluded(partition.name))
+        )
     return int(row[0]) if row else 0
 
 
-async def _swap_out(cursor: psycopg.AsyncCursor[Any], partition: Partition, copied_total: int) -> tuple[int, int]:
+async def _swap_out(
+    cursor: psycopg.AsyncCursor[Any], partition: Partition, copied_total: int
+) -> tuple[int, int, str | None]:
     """The last step of a drop, under ACCESS EXCLUSIVE on `calls` (taken by the caller): bring
-    the copy up to date (rows written since it, trajectories kept or no longer kept since it,
-    each found by index), detach the partition, put the kept rows back into `calls` (they land
-    in DEFAULT) and drop it. Returns (rows dropped, rows kept)."""
+    the remnant up to date (rows written since the copy, trajectories kept or no longer kept since
+    it, each found by index), detach the partition and drop it, and put the kept rows back: at
+    most SLICE_ROWS into `calls` (they land in DEFAULT), more by attaching the remnant for the
+    partition's range. Returns (rows dropped, rows kept, the remnant's name when attached)."""
     name = sql.Identifier(partition.name)
+    remnant_table = remnant_name(partition.name)
+    remnant = sql.Identifier(remnant_table)
     await cursor.execute("CREATE TEMP TABLE IF NOT EXISTS kept_trajectories (id uuid PRIMARY KEY) ON COMMIT DROP")
     await cursor.execute(f"INSERT INTO kept_trajectories {_KEPT_TRAJECTORIES} ON CONFLICT DO NOTHING")
     await cursor.execute(
@@ -381,82 +450,142 @@ async def _swap_out(cursor: psycopg.AsyncCursor[Any], partition: Partition, copi
     row = await cursor.fetchone()
     total = copied_total + int(row[0] if row and row[0] is not None else 0)
     # Forget what changed since the copy, and what is no longer kept...
-    await cursor.execute("DELETE FROM retained_calls r USING changed_calls ch WHERE ch.id = r.id")
+    await cursor.execute(sql.SQL("DELETE FROM {} r USING changed_calls ch WHERE ch.id = r.id").format(remnant))
     await cursor.execute(
-        "DELETE FROM retained_calls r WHERE NOT EXISTS (SELECT 1 FROM kept_trajectories k WHERE k.id = r.trajectory_id)"
+        sql.SQL(
+            "DELETE FROM {} r WHERE NOT EXISTS (SELECT 1 FROM kept_trajectories k WHERE k.id = r.trajectory_id)"
+        ).format(remnant)
     )
     # ...then read the changed rows as they are now, and the rows of newly kept trajectories.
     await cursor.execute(
         sql.SQL(
-            "INSERT INTO retained_calls SELECT c.* FROM {} c JOIN changed_calls ch ON ch.id = c.id "
+            "INSERT INTO {} SELECT c.* FROM {} c JOIN changed_calls ch ON ch.id = c.id "
             "WHERE c.trajectory_id IN (SELECT id FROM kept_trajectories)"
-        ).format(name)
+        ).format(remnant, name)
     )
     await cursor.execute(
         sql.SQL(
-            "INSERT INTO retained_calls SELECT c.* FROM {} c "
+            "INSERT INTO {} SELECT c.* FROM {} c "
             "WHERE c.trajectory_id IN (SELECT id FROM kept_trajectories EXCEPT SELECT id FROM retained_trajectories) "
-            "AND NOT EXISTS (SELECT 1 FROM retained_calls r WHERE r.id = c.id)"
-        ).format(name)
+            "AND NOT EXISTS (SELECT 1 FROM {} r WHERE r.id = c.id)"
+        ).format(remnant, name, remnant)
     )
+    await cursor.execute(sql.SQL("SELECT count(*) FROM {}").format(remnant))
+    row = await cursor.fetchone()
+    kept = int(row[0]) if row else 0
     await cursor.execute(sql.SQL("ALTER TABLE calls DETACH PARTITION {}").format(name))
-    await cursor.execute("INSERT INTO calls SELECT * FROM retained_calls")
-    kept = cursor.rowcount
     await cursor.execute(sql.SQL("DROP TABLE {}").format(name))
+    attached: str | None = None
+    if kept <= SLICE_ROWS:
+        await cursor.execute(sql.SQL("ALTER TABLE calls_default DROP CONSTRAINT {}").format(_excluded(partition.name)))
+        await cursor.execute(sql.SQL("INSERT INTO calls SELECT * FROM {}").format(remnant))
+        await cursor.execute(sql.SQL("DROP TABLE {}").format(remnant))
+    else:
+        # Both CHECKs prove the bounds: the ATTACH scans neither the remnant nor DEFAULT.
+        await cursor.execute(
+            sql.SQL("ALTER TABLE calls ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
+                remnant, sql.Literal(partition.lower), sql.Literal(partition.upper)
+            )
+        )
+        await cursor.execute(sql.SQL("ALTER TABLE calls_default DROP CONSTRAINT {}").format(_excluded(partition.name)))
+        await cursor.execute(
+            sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(remnant, sql.Identifier(f"{remnant_table}_bound"))
+        )
+        attached = remnant_table
     await cursor.execute("DELETE FROM calls_retention_changes WHERE partition = %s", (partition.name,))
-    return total - kept, kept
+    return total - kept, kept, attached
 
 
-async def _drop(
-    connection: psycopg.AsyncConnection[Any], settings: HistorySettings, partition: Partition
-) -> tuple[int, int] | None:
-    """Detach and drop one partition, its kept rows copied back into `calls` (into DEFAULT).
+async def _under_calls_lock(
+    connection: psycopg.AsyncConnection[Any],
+    settings: HistorySettings,
+    still_there: str,
+    step: Callable[[psycopg.AsyncCursor[Any]], Awaitable[_T]],
+) -> _T | None:
+    """Run `step` in a transaction holding ACCESS EXCLUSIVE on `calls` (and so on its partitions).
 
-    The copy (seconds for a day's partition) is made before the strong lock; ACCESS EXCLUSIVE on
-    `calls` is held only to apply the writes made since, by key, and to swap the partition out.
-    `calls` is locked first, then its partitions (LOCK TABLE recurses in that order): the
-    order of an UPDATE of calls without a time bound (the stitcher, a deletion), so the two
-    never wait on each other in a cycle. The lock is tried for DROP_LOCK_TRY_S at a time, since
-    a waiting request queues the shipper's inserts behind it.
-    A session advisory lock keeps another maintainer off the partition between the steps.
-    Returns (rows dropped, rows kept); None when another process dropped it first."""
+    `calls` is locked first, then its partitions (LOCK TABLE recurses in that order): the order
+    of an UPDATE of calls without a time bound (the stitcher, a deletion), so the two never wait
+    on each other in a cycle. The lock is tried for DROP_LOCK_TRY_S at a time, since a waiting
+    request queues the shipper's inserts behind it. None when the partition `still_there` is no
+    longer attached once the lock is held (another process got to it first)."""
+    try_ms = int(min(settings.lock_timeout_s, DROP_LOCK_TRY_S) * 1000)
+    for attempt in range(1, DROP_LOCK_TRIES + 1):
+        try:
+            async with connection.transaction(), connection.cursor() as cursor:
+                await _locked(cursor, settings)
+                await cursor.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{try_ms}ms")))
+                await cursor.execute("LOCK TABLE calls IN ACCESS EXCLUSIVE MODE")
+                await cursor.execute("SET LOCAL jit = off")
+                if not await _attached(cursor, still_there):
+                    return None
+                return await step(cursor)
+        except psycopg.errors.LockNotAvailable:
+            if attempt == DROP_LOCK_TRIES:
+                raise
+            await asyncio.sleep(DROP_LOCK_TRY_S * attempt)
+    raise AssertionError("unreachable")
+
+
+@contextlib.asynccontextmanager
+async def _session_lock(connection: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+    """The maintenance lock held across several transactions (a session advisory lock)."""
     async with connection.transaction(), connection.cursor() as cursor:  # a transaction: none is left open
         await cursor.execute("SELECT pg_try_advisory_lock(%s)", (HISTORY_LOCK_ID,))
         row = await cursor.fetchone()
     if not row or not row[0]:
         raise AnotherMaintainer
     try:
-        copied_total = await _watch_and_copy(connection, settings, partition)
-        if copied_total is None:
-            return None
-        try_ms = int(min(settings.lock_timeout_s, DROP_LOCK_TRY_S) * 1000)
-        for attempt in range(1, DROP_LOCK_TRIES + 1):
-            try:
-                async with connection.transaction(), connection.cursor() as cursor:
-                    await _locked(cursor, settings)
-                    await cursor.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{try_ms}ms")))
-                    await cursor.execute("LOCK TABLE calls IN ACCESS EXCLUSIVE MODE")
-                    await cursor.execute("SET LOCAL jit = off")
-                    if not await _attached(cursor, partition.name):
-                        return None
-                    return await _swap_out(cursor, partition, copied_total)
-            except psycopg.errors.LockNotAvailable:
-                if attempt == DROP_LOCK_TRIES:
-                    raise
-                await asyncio.sleep(DROP_LOCK_TRY_S * attempt)
-        raise AssertionError("unreachable")
+        yield
     finally:
         with contextlib.suppress(psycopg.Error):
             async with connection.transaction(), connection.cursor() as cursor:
-                await cursor.execute("DROP TABLE IF EXISTS retained_trajectories, retained_calls")
                 await cursor.execute("SELECT pg_advisory_unlock(%s)", (HISTORY_LOCK_ID,))
+
+
+async def _drop(
+    connection: psycopg.AsyncConnection[Any], settings: HistorySettings, partition: Partition
+) -> tuple[int, int, str | None] | None:
+    """Detach and drop one partition, its kept rows put back into `calls` (DEFAULT or a remnant).
+
+    The copy (seconds for a day's partition) is made before the strong lock; ACCESS EXCLUSIVE on
+    `calls` is held only to apply the writes made since, by key, and to swap the partition out.
+    The session's advisory lock keeps another maintainer off the partition between the steps.
+    Returns (rows dropped, rows kept, remnant attached or None); None when another process
+    dropped it first."""
+    async with _session_lock(connection):
+        try:
+            copied_total = await _watch_and_copy(connection, settings, partition)
+            if copied_total is None:
+                return None
+            return await _under_calls_lock(
+                connection,
+                settings,
+                partition.name,
+                lambda cursor: _swap_out(cursor, partition, copied_total),
+            )
+        finally:
+            # An unattached remnant and DEFAULT's CHECK are left only by a pass that stopped
+            # before its swap: the partition is still there, and the next pass makes them anew.
+            with contextlib.suppress(psycopg.Error):
+                async with connection.transaction(), connection.cursor() as cursor:
+                    await cursor.execute("DROP TABLE IF EXISTS retained_trajectories")
+                    if not await _attached(cursor, remnant_name(partition.name)):
+                        await cursor.execute(
+                            sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(remnant_name(partition.name)))
+                        )
+
+
+async def _kept_now(cursor: psycopg.AsyncCursor[Any]) -> None:
+    """Fill the transaction's temporary `kept_trajectories` with what retention keeps now."""
+    await cursor.execute("CREATE TEMP TABLE IF NOT EXISTS kept_trajectories (id uuid PRIMARY KEY) ON COMMIT DROP")
+    await cursor.execute("TRUNCATE kept_trajectories")
+    await cursor.execute(f"INSERT INTO kept_trajectories {_KEPT_TRAJECTORIES} ON CONFLICT DO NOTHING")
 
 
 async def _purge_default(cursor: psycopg.AsyncCursor[Any], cutoff: datetime) -> int:
     """Delete DEFAULT's rows older than the cutoff that nothing needs any more."""
-    await cursor.execute("CREATE TEMP TABLE IF NOT EXISTS kept_trajectories (id uuid PRIMARY KEY) ON COMMIT DROP")
-    await cursor.execute("TRUNCATE kept_trajectories")
-    await cursor.execute(f"INSERT INTO kept_trajectories {_KEPT_TRAJECTORIES} ON CONFLICT DO NOTHING")
+    await _kept_now(cursor)
     await cursor.execute(
         "DELETE FROM calls_default d WHERE d.created_at < %s "
         "AND NOT EXISTS (SELECT 1 FROM kept_trajectories k WHERE k.id = d.trajectory_id)",
@@ -465,10 +594,53 @@ async def _purge_default(cursor: psycopg.AsyncCursor[Any], cutoff: datetime) -> 
     return cursor.rowcount
 
 
+async def _fold_into_default(cursor: psycopg.AsyncCursor[Any], remnant: str) -> int:
+    """Under the lock on `calls`: detach a remnant of at most SLICE_ROWS rows, put them into
+    DEFAULT (no range covers them any more) and drop it. Returns the rows moved."""
+    table = sql.Identifier(remnant)
+    await cursor.execute(sql.SQL("ALTER TABLE calls DETACH PARTITION {}").format(table))
+    await cursor.execute(sql.SQL("INSERT INTO calls SELECT * FROM {}").format(table))
+    moved = max(cursor.rowcount, 0)
+    await cursor.execute(sql.SQL("DROP TABLE {}").format(table))
+    return moved
+
+
+async def _shrink_remnant(
+    connection: psycopg.AsyncConnection[Any], settings: HistorySettings, remnant: Partition, report: MaintenanceReport
+) -> None:
+    """Delete a remnant's rows that nothing needs any more (row by row: no lock on `calls`), and
+    fold it into DEFAULT once it holds at most SLICE_ROWS."""
+    async with connection.transaction(), connection.cursor() as cursor:
+        await _locked(cursor, settings)
+        if not await _attached(cursor, remnant.name):
+            return
+        await _kept_now(cursor)
+        await cursor.execute(
+            sql.SQL(
+                "DELETE FROM {} r WHERE NOT EXISTS (SELECT 1 FROM kept_trajectories k WHERE k.id = r.trajectory_id)"
+            ).format(sql.Identifier(remnant.name))
+        )
+        report.remnant_rows_deleted += max(cursor.rowcount, 0)
+        await cursor.execute(
+            sql.SQL("SELECT count(*) > {} FROM {}").format(sql.Literal(SLICE_ROWS), sql.Identifier(remnant.name))
+        )
+        row = await cursor.fetchone()
+    if row and row[0]:
+        return
+    async with _session_lock(connection):
+        moved = await _under_calls_lock(
+            connection, settings, remnant.name, lambda cursor: _fold_into_default(cursor, remnant.name)
+        )
+    if moved is not None:
+        report.remnants_folded.append(remnant.name)
+        log.info("history: remnant %s folded into %s (%d kept calls)", remnant.name, DEFAULT_PARTITION, moved)
+
+
 async def apply_retention(
     connection: psycopg.AsyncConnection[Any], settings: HistorySettings, now: datetime, report: MaintenanceReport
 ) -> None:
-    """Drop every partition wholly older than retention_days (kept rows move to DEFAULT)."""
+    """Drop every partition wholly older than retention_days (kept rows move to DEFAULT or stay
+    in a remnant), then delete what nothing needs any more from the remnants and DEFAULT."""
     if settings.retention_days is None:
         return
     cutoff = now - timedelta(days=settings.retention_days)
@@ -476,22 +648,28 @@ async def apply_retention(
         if partition.upper > cutoff:
             break
         if not _NAME.match(partition.name):
-            continue  # a partition an operator made by hand is left to the operator
+            continue  # a remnant (below), or a partition an operator made by hand: left to the operator
         outcome = await _drop(connection, settings, partition)
         if outcome is None:
             continue  # dropped by another process since our listing
-        dropped, kept = outcome
+        dropped, kept, remnant = outcome
         report.dropped.append(partition.name)
         report.rows_dropped += dropped
         report.rows_kept += kept
+        if remnant:
+            report.remnants.append(remnant)
         log.info(
-            "history: dropped partition %s [%s, %s): %d calls dropped, %d kept (untrained or serving lineage)",
+            "history: dropped partition %s [%s, %s): %d calls dropped, %d kept (untrained or serving lineage) in %s",
             partition.name,
             partition.lower,
             partition.upper,
             dropped,
             kept,
+            remnant or DEFAULT_PARTITION,
         )
+    for partition in await partitions(connection):
+        if _REMNANT.match(partition.name) and partition.upper <= cutoff:
+            await _shrink_remnant(connection, settings, partition, report)
     async with connection.transaction():
         async with connection.cursor() as cursor:
             await _locked(cursor, settings)
