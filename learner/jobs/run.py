@@ -42,13 +42,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from apprentice.settings import PolicySettings, Settings
-from learner.grpo.advantages import (
-    AdvantageKind,
-    family_advantages,
-    family_spread,
-    group_advantages,
-    leave_one_out_baseline,
-)
+from learner.grpo.advantages import AdvantageKind, family_advantages, group_advantages, leave_one_out_baseline
 from learner.grpo.grouping import Group, Grouping, Member, family_key, make_groups
 from learner.jobs import training_runs
 from learner.jobs.policy_trainer import PolicyTrainer, training_threads
@@ -115,7 +109,7 @@ def _samples(
     grouping: Grouping, selection: Selection, tokenizer: Any, advantage: AdvantageKind, min_group_size: int
 ) -> tuple[list[TrainSample], dict[str, int], list[str]]:
     """Tokenized samples with advantages: within each usable group (GRPO), and for the pooled
-    groups' members against their family's baseline and spread (advantages.family_advantages);
+    groups' members against their family's baseline (advantages.family_advantages, one batch);
     how many trajectories would not tokenize or wait for their family (by reason); and the pooled
     members whose reward is exactly their baseline: no signal, consumed like equal-reward groups
     (they stay in the family's baseline), or they would be selected and trigger runs for ever."""
@@ -133,7 +127,6 @@ def _samples(
             samples.append(TrainSample(member.trajectory_id, reward, adv, segments, member.answers))
     pooled: list[tuple[Member, float, list[Segment]]] = []
     baselines: list[float] = []
-    spreads: list[float] = []
     for group in grouping.pooled:
         for member, reward, segments in _segments(group, selection, tokenizer, skipped):
             history = selection.family_rewards.get(family_key(member), [])
@@ -143,8 +136,7 @@ def _samples(
                 continue
             pooled.append((member, reward, segments))
             baselines.append(baseline)
-            spreads.append(family_spread(history, member.trajectory_id, reward))
-    advantages = family_advantages([reward for _, reward, _ in pooled], baselines, spreads, advantage)
+    advantages = family_advantages([reward for _, reward, _ in pooled], baselines, advantage)
     no_signal: list[str] = []
     for (member, reward, segments), adv in zip(pooled, advantages, strict=True):
         if adv == 0.0:  # exactly its baseline: nothing to learn, nothing to spend a forward pass on
