@@ -430,9 +430,11 @@ class LearningSettings(BaseModel):
     seed: int = 0
     # Staleness bound: a run trains only on trajectories sampled by the lineage head or by its
     # ancestors at most this many versions back (the base model is the root). Older data, and
-    # data of a rejected branch, is consumed without training: its importance weights against
-    # the head would mostly sit at the tis_cap, so it would add bias, not signal.
-    max_staleness: int = Field(default=4, ge=0)
+    # data of a rejected branch, is consumed without training. A live loop's version is one or
+    # two optimizer steps, so 32 versions is a drift the truncated importance weights still
+    # correct; the old bound of 4 threw away the promoted arm's half of the traffic from the
+    # lineage's fifth version on (docs/learner.md, "Why 32").
+    max_staleness: int = Field(default=32, ge=0)
     # torch intra-op threads for training. None: half the cores (at least 1), the other half
     # being the local inference server's (`apprentice serve-model` takes half by default).
     threads: int | None = Field(default=None, ge=1)

@@ -461,7 +461,10 @@ def serving(gateway_url: str) -> dict[str, Any]:
     return next(p for p in policies if p["name"] == POLICY)
 
 
-def run_product(task: Task, traffic: str, samples: int, rate: float, settle_s: float, seed: int) -> LoopResult:
+def run_product(
+    task: Task, traffic: str, samples: int, rate: float, settle_s: float, seed: int, keep: bool = False
+) -> LoopResult:
+    """One product run of a traffic shape; `keep` leaves its directory (logs, database) for a post-mortem."""
     work = Path(tempfile.mkdtemp(prefix=f"apprentice-bench-{task.name}-{traffic}-"))
     port, model_port = free_port(), free_port()
     config_path = work / "apprentice.yaml"
@@ -506,7 +509,10 @@ def run_product(task: Task, traffic: str, samples: int, rate: float, settle_s: f
     finally:
         up.signal(2)  # Ctrl-C, as a person stops it
         up.wait_stopped(time.monotonic() + 90)
-        shutil.rmtree(work, ignore_errors=True)
+        if keep:
+            log(f"product {task.name}/{traffic}: kept {work} (data/logs, data/pgdata)")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- report
@@ -589,6 +595,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=45.0, help="Seconds after the traffic for the last verdict.")
     parser.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES, help="Held-out samples per evaluation.")
     parser.add_argument("--no-write", action="store_true", help="Print only; leave docs/benchmarks.md alone.")
+    parser.add_argument("--keep", action="store_true", help="Keep each product run's directory (logs, database).")
     args = parser.parse_args()
     EVAL_SAMPLES = args.eval_samples
     from learner.models import fetch_default_model
@@ -601,7 +608,7 @@ def main() -> None:
         for seed in args.seed or [SEED]:
             bare, rate = run_bare(task, model_dir, samples, args.threads, seed)
             for traffic in args.traffic or ["grouped"]:
-                product = run_product(task, traffic, bare.samples, rate, args.settle, seed)
+                product = run_product(task, traffic, bare.samples, rate, args.settle, seed, args.keep)
                 results.append((task, traffic, seed, bare, product, rate))
                 report(results, "python -m bench.learning_efficiency " + " ".join(sys.argv[1:]), False)
     report(results, "python -m bench.learning_efficiency " + " ".join(sys.argv[1:]), not args.no_write)
