@@ -37,6 +37,7 @@ from gateway.endpoints.responses.handler import ResponsesEndpoint
 from gateway.endpoints.rewards import handler as rewards_handler
 from gateway.endpoints.rewards import routes as rewards_routes
 from gateway.endpoints.trajectories import routes as trajectories_routes
+from gateway.heap import freeze_startup_heap
 from gateway.http.asgi import Receive, Scope, Send, limited_receive, send_error
 from gateway.http.errors import ERROR_TYPES, GatewayError, error_body
 from gateway.http.query_text import refuse_nul_in_request
@@ -56,6 +57,7 @@ def build_fastapi(state: GatewayState, *, check_schema_on_start: bool) -> FastAP
         if check_schema_on_start:
             await asyncio.to_thread(check_schema, state.database_url)
         await state.start()
+        freeze_startup_heap()
         try:
             yield
         finally:

@@ -38,6 +38,14 @@ SHIP_REJECTED = Counter(
 )
 JOURNALED = Counter("apprentice_journaled_calls_total", "Calls written to the local journal")
 
+# gateway/heap.py: objects frozen out of the garbage collector's full passes at start-up ("min": a
+# process that never froze shows 0).
+GC_FROZEN_OBJECTS = Gauge(
+    "apprentice_gc_frozen_objects",
+    "Objects of the start-up heap that the garbage collector's passes skip (gc.freeze), least of the processes",
+    multiprocess_mode="min",
+)
+
 # OpenTelemetry traces (gateway/tracing): spans of calls and rewards, counted as they leave the queue.
 TRACING_EXPORTED = Counter("apprentice_tracing_exported_total", "Spans accepted by the OTLP collector")
 TRACING_FAILED = Counter(
