@@ -33,6 +33,7 @@ import asyncio
 import os
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -54,10 +55,18 @@ ADMIN_URL = os.environ.get("APPRENTICE_BENCH_PG_URL", "postgresql://postgres@127
 
 
 async def post_all(
-    base_url: str, bodies: list[bytes], concurrency: int, signed: bool = False, path: str = "/rewards"
+    base_url: str,
+    bodies: list[bytes],
+    concurrency: int,
+    signed: bool = False,
+    path: str = "/rewards",
+    answered: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """POST every body with `concurrency` senders over keep-alive connections; raises on any answer
-    but 200 (409 for a signed replay, which a webhook sender re-signs)."""
+    but 200 (409 for a signed replay, which a webhook sender re-signs). Every sender's connection
+    is opened before the clock starts (a first request's TCP handshake is not the gateway's
+    latency). With `answered`, each answer's `id` is put there with the time it arrived
+    (time.monotonic), for the shipper's lag."""
     latencies: list[float] = []
     failures = 0
     transport_errors = 0
@@ -65,6 +74,12 @@ async def post_all(
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(base_url=base_url + "/", connector=connector, timeout=timeout) as session:
+
+        async def connect() -> None:
+            async with session.get("models") as response:
+                await response.read()
+
+        await asyncio.gather(*(connect() for _ in range(concurrency)))
 
         async def sender() -> None:
             nonlocal failures, transport_errors
@@ -77,8 +92,10 @@ async def post_all(
                 for attempt in range(3):  # a keep-alive connection closed under us: count it, resend
                     try:
                         async with session.post(path.lstrip("/"), data=body, headers=headers) as response:
-                            await response.read()
+                            content = await response.read()
                             status = response.status
+                        if answered is not None and status == 200:
+                            answered[orjson.loads(content)["id"]] = time.monotonic()
                         break
                     except aiohttp.ClientError:
                         transport_errors += 1
@@ -111,12 +128,55 @@ def chat_bodies(n: int, tag: str) -> list[bytes]:
     ]
 
 
-async def side_by_side(base_url: str, chats: list[bytes], rewards: list[bytes], concurrency: int) -> tuple[dict, dict]:
-    """Chat calls and rewards sent at the same time, `concurrency` senders each."""
-    chat, reward = await asyncio.gather(
-        post_all(base_url, chats, concurrency, path="/chat/completions"), post_all(base_url, rewards, concurrency)
-    )
-    return chat, reward
+LAG_POLL_S = 0.02
+
+
+def watch_rows(url: str, answered: dict[str, float], landed: dict[str, float], stop: threading.Event) -> None:
+    """Until `stop` and every answered call has landed (at most 30 s after `stop`): each call's
+    row in `calls` is looked for every LAG_POLL_S by its response id, and the time it is first
+    seen (time.monotonic) put in `landed`."""
+    deadline = None
+    with psycopg.connect(url, autocommit=True) as connection:
+        while True:
+            if stop.is_set():
+                deadline = deadline or time.monotonic() + 30
+                if len(landed) >= len(answered) or time.monotonic() > deadline:
+                    return
+            waiting = [response_id for response_id in list(answered) if response_id not in landed]
+            if waiting:
+                rows = connection.execute(
+                    "SELECT response_id FROM calls WHERE response_id = ANY(%s)", (waiting,)
+                ).fetchall()
+                seen = time.monotonic()
+                for (response_id,) in rows:
+                    landed[response_id] = seen
+            time.sleep(LAG_POLL_S)
+
+
+async def side_by_side(
+    base_url: str, url: str, chats: list[bytes], rewards: list[bytes], concurrency: int
+) -> tuple[dict, dict, dict]:
+    """Chat calls and rewards sent at the same time, `concurrency` senders each, and the shipper's
+    lag: from a call's answer to its row in `calls`, seen by a poller every LAG_POLL_S (so each
+    figure is late by up to that, plus the poll's own query)."""
+    answered: dict[str, float] = {}
+    landed: dict[str, float] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_rows, args=(url, answered, landed, stop), daemon=True)
+    watcher.start()
+    try:
+        chat, reward = await asyncio.gather(
+            post_all(base_url, chats, concurrency, path="/chat/completions", answered=answered),
+            post_all(base_url, rewards, concurrency),
+        )
+    finally:
+        stop.set()
+        await asyncio.to_thread(watcher.join)
+    if len(landed) < len(answered):
+        raise RuntimeError(f"{len(answered) - len(landed)} of {len(answered)} calls never landed in `calls`")
+    lags = [landed[response_id] - answered_at for response_id, answered_at in answered.items()]
+    lag = {"p50_ms": percentile(lags, 0.5) * 1000, "p99_ms": percentile(lags, 0.99) * 1000}
+    return chat, reward, lag
 
 
 def transactions(url: str) -> int:
@@ -193,14 +253,18 @@ def run_round(
         rewards_per_transaction=n / committed,
     )
 
-    mixed_chat, mixed_reward = asyncio.run(
-        side_by_side(base_url, chat_bodies(n // 2, tag + "m"), singles("m", n // 2), 16)
+    mixed_chat, mixed_reward, lag = asyncio.run(
+        side_by_side(base_url, url, chat_bodies(n // 2, tag + "m"), singles("m", n // 2), 16)
     )
     results.update(
         mixed_chat_per_s=mixed_chat["per_s"],
+        mixed_chat_p50_ms=mixed_chat["p50_ms"],
         mixed_chat_p99_ms=mixed_chat["p99_ms"],
         mixed_reward_per_s=mixed_reward["per_s"],
+        mixed_reward_p50_ms=mixed_reward["p50_ms"],
         mixed_reward_p99_ms=mixed_reward["p99_ms"],
+        mixed_lag_p50_ms=lag["p50_ms"],
+        mixed_lag_p99_ms=lag["p99_ms"],
     )
 
     replay = asyncio.run(post_all(base_url, single_bodies, 32))
@@ -326,7 +390,9 @@ def main() -> None:
         [
             "chat calls and single rewards at once, c=16 each",
             f"{median['mixed_chat_per_s']:.0f} calls/s + {median['mixed_reward_per_s']:.0f} rewards/s",
-            f"p99 {median['mixed_chat_p99_ms']:.1f} ms (calls), {median['mixed_reward_p99_ms']:.1f} ms (rewards)",
+            f"calls p50 {median['mixed_chat_p50_ms']:.1f} ms, p99 {median['mixed_chat_p99_ms']:.1f} ms; "
+            f"rewards p50 {median['mixed_reward_p50_ms']:.1f} ms, p99 {median['mixed_reward_p99_ms']:.1f} ms; "
+            f"answer to row p50 {median['mixed_lag_p50_ms']:.0f} ms, p99 {median['mixed_lag_p99_ms']:.0f} ms",
         ],
         [
             "replays of stored idempotency keys, c=32",
