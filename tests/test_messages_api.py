@@ -169,3 +169,14 @@ def test_errors_come_in_anthropics_format(client, gateway):
         )
     count = client.messages.count_tokens(model="agent", messages=[{"role": "user", "content": "one two three four"}])
     assert count.input_tokens > 0
+
+
+@pytest.mark.parametrize("name", ["X-Trajectory-Id", "X-Group-Id", "X-Task-Family"])
+@pytest.mark.parametrize("model", ["agent", "claude-fake"])  # translated for a policy; forwarded natively
+def test_a_blank_name_header_is_a_400_naming_it_in_anthropics_format(client, name, model):
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(
+            model=model, max_tokens=5, messages=[{"role": "user", "content": "x"}], extra_headers={name: ""}
+        )
+    assert refused.value.body["type"] == "error" and refused.value.body["error"]["type"] == "invalid_request_error"
+    assert name in refused.value.body["error"]["message"]

@@ -187,3 +187,11 @@ def test_bad_requests_get_openai_errors(client, gateway):
     assert unknown.value.code == "previous_response_not_found"
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve("resp_nobody")
+
+
+@pytest.mark.parametrize("name", ["X-Trajectory-Id", "X-Group-Id", "X-Task-Family"])
+@pytest.mark.parametrize("model", ["agent", "fake-model"])  # translated for a policy; forwarded natively
+def test_a_blank_name_header_is_a_400_naming_it_in_openais_format(client, name, model):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=model, input="x", extra_headers={name: ""})
+    assert refused.value.body["param"] == name and name in refused.value.body["message"]

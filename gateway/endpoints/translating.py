@@ -19,10 +19,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from apprentice.grouping import FAMILY_HEADER
 from gateway import metrics
 from gateway.auth.keys import KeyInfo
 from gateway.endpoints.chat_completions.handler import ChatCompletionsEndpoint
-from gateway.endpoints.chat_completions.request import ChatRequest
+from gateway.endpoints.chat_completions.request import ChatRequest, optional_name
 from gateway.endpoints.chat_completions.wire import Wire
 from gateway.endpoints.native import NativeProtocol, forward_request
 from gateway.http.asgi import Receive, Scope, Send, header, read_body
@@ -48,7 +49,14 @@ class ClientNames:
 
     @classmethod
     def of(cls, scope: Scope) -> ClientNames:
-        return cls(header(scope, b"x-trajectory-id"), header(scope, b"x-group-id"), header(scope, b"x-task-family"))
+        """The names in the headers, each checked as chat completions check them (a blank one is a
+        400 naming the header, in the protocol's format), whether the call is translated or
+        forwarded natively."""
+        return cls(
+            optional_name(header(scope, b"x-trajectory-id"), "X-Trajectory-Id"),
+            optional_name(header(scope, b"x-group-id"), "X-Group-Id"),
+            optional_name(header(scope, b"x-task-family"), FAMILY_HEADER),
+        )
 
 
 class TranslatingEndpoint(ABC):

@@ -44,7 +44,8 @@ class ChatRequest:
         group_id: str | None,
         task_family: str | None = None,
     ) -> ChatRequest:
-        """A chat request built by the gateway from another protocol's request."""
+        """A chat request built by the gateway from another protocol's request; the names are the
+        client's, already checked (gateway/endpoints/translating.py, ClientNames.of)."""
         return cls(
             body=body,
             raw=orjson.dumps(body),
@@ -53,7 +54,7 @@ class ChatRequest:
             stream=bool(body.get("stream")),
             client_trajectory_id=client_trajectory_id,
             group_id=group_id,
-            task_family=_optional_name(task_family, grouping.FAMILY_HEADER),
+            task_family=task_family,
         )
 
     def family(self, policy: str | None) -> str:
@@ -71,7 +72,9 @@ class ChatRequest:
 _ABSENT = object()
 
 
-def _optional_name(value: Any, field: str) -> str | None:
+def optional_name(value: Any, field: str) -> str | None:
+    """A name the client gives its run, group or task family (a header or metadata field): None
+    when absent, else the stripped text; blank or over 256 characters is a 400 naming `field`."""
     if value is None:
         return None
     if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
@@ -131,16 +134,16 @@ def parse_chat_request(
         raise GatewayError(400, "stream must be a boolean", param="stream", code="invalid_type")
 
     modified = False
-    trajectory = _optional_name(header_trajectory, "X-Trajectory-Id")
-    group = _optional_name(header_group, "X-Group-Id")
-    family = _optional_name(header_family, grouping.FAMILY_HEADER)
+    trajectory = optional_name(header_trajectory, "X-Trajectory-Id")
+    group = optional_name(header_group, "X-Group-Id")
+    family = optional_name(header_family, grouping.FAMILY_HEADER)
     metadata = body.get("metadata")
     ours = (METADATA_TRAJECTORY, METADATA_GROUP, METADATA_FAMILY)
     if isinstance(metadata, dict) and any(name in metadata for name in ours):
         metadata = dict(metadata)
-        trajectory = trajectory or _optional_name(metadata.pop(METADATA_TRAJECTORY, None), "metadata.trajectory_id")
-        group = group or _optional_name(metadata.pop(METADATA_GROUP, None), "metadata.group_id")
-        family = family or _optional_name(metadata.pop(METADATA_FAMILY, None), "metadata.task_family")
+        trajectory = trajectory or optional_name(metadata.pop(METADATA_TRAJECTORY, None), "metadata.trajectory_id")
+        group = group or optional_name(metadata.pop(METADATA_GROUP, None), "metadata.group_id")
+        family = family or optional_name(metadata.pop(METADATA_FAMILY, None), "metadata.task_family")
         body = dict(body)
         if metadata:
             body["metadata"] = metadata
