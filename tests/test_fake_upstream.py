@@ -31,6 +31,9 @@ MALFORMED_CHAT: dict[str, Any] = {
     "a tool's function without a name": {**CHAT, "tools": [{"type": "function", "function": {}}]},
     "seed a string": {**CHAT, "seed": "7"},
     "seed a boolean": {**CHAT, "seed": True},
+    "seed a fraction": {**CHAT, "seed": 1.5},
+    "seed below 64 bits": {**CHAT, "seed": -(2**63) - 1},
+    "seed above 64 bits": {**CHAT, "seed": 2**63},
     "stream_options a string": {**CHAT, "stream": True, "stream_options": "usage"},
     "split_done_ms a string": {**CHAT, "stream": True, "fake_stream": {"split_done_ms": "soon"}},
 }
@@ -48,6 +51,8 @@ def test_what_openai_allows_is_still_answered(fake_upstream):
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     called = httpx.post(url, json={**CHAT, "tools": [tool], "seed": 3}, timeout=30)
     assert called.status_code == 200, called.text
+    # An integer as JSON Schema reads one, as the gateway's document declares seed.
+    assert httpx.post(url, json={**CHAT, "seed": 12409.0}, timeout=30).status_code == 200
     assert called.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
     # A part without text (an image), null stream options, a fractional chunk count: read, not a crash.
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]

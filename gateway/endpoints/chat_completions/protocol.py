@@ -96,7 +96,8 @@ class ChatCompletionRequest(_Open):
     # one that refuses a value outside them (OpenAI with a 400, which the gateway relays).
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     n: int | None = Field(None, ge=1, le=128)
-    seed: int | None = None
+    # a 64-bit integer, as OpenAI declares it (a larger one is refused by the upstream)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
 
 
