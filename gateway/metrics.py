@@ -38,12 +38,12 @@ SHIP_REJECTED = Counter(
 )
 JOURNALED = Counter("apprentice_journaled_calls_total", "Calls written to the local journal")
 
-# gateway/heap.py: objects frozen out of the garbage collector's full passes at start-up ("min": a
-# process that never froze shows 0).
+# gateway/heap.py: objects frozen out of the garbage collector's full passes at start-up ("livemin":
+# a live process that has not frozen yet shows 0; a dead one's last value is left out).
 GC_FROZEN_OBJECTS = Gauge(
     "apprentice_gc_frozen_objects",
-    "Objects of the start-up heap that the garbage collector's passes skip (gc.freeze), least of the processes",
-    multiprocess_mode="min",
+    "Objects of the start-up heap that the garbage collector's passes skip (gc.freeze), least of the live processes",
+    multiprocess_mode="livemin",
 )
 
 # OpenTelemetry traces (gateway/tracing): spans of calls and rewards, counted as they leave the queue.
