@@ -8,9 +8,9 @@ in flight waited for it (measured with gc.callbacks during `bench.reward_ingest`
 16 chat calls stalled together for 135-175 ms, the phase's p99).
 
 Almost none of those objects ever become garbage: they live as long as the process. `gc.freeze()`
-moves everything alive at that moment into a permanent generation that no pass visits (the
-practice the CPython docs give for long-lived servers), so a full pass walks only what was
-allocated since: per-call objects and the caches that grew after start-up. Objects frozen here
+moves everything alive at that moment into a permanent generation that no pass visits (CPython
+documents it for servers that fork workers; here it serves for that other effect), so a full pass
+walks only what was allocated since: per-call objects and the caches that grew after start-up. Objects frozen here
 that do become garbage are freed by reference counting as usual; only a reference cycle among
 them would stay, which start-up state does not form in any measurable amount.
 """
