@@ -120,6 +120,8 @@ def test_an_http_reward_function_scores_unrewarded_runs_signed_and_once(start_ga
         assert payload["messages"][0] == {"role": "system", "content": SYSTEM}
         assert payload["messages"][-1] == payload["answer"] and payload["answer"]["role"] == "assistant"
         assert payload["reward_name"] == "reward" and payload["policy"] == "agent"
+        # Why the answer ended, as the client saw it: a scorer cannot tell a cut answer from its text.
+        assert payload["finish_reason"] == "stop" and payload["calls"][-1]["finish_reason"] == "stop"
         rows = db.execute("SELECT status, attempts FROM function_scorings").fetchall()
         assert sorted(rows) == [("scored", 1)] * 3
     finally:

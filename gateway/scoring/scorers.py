@@ -5,8 +5,12 @@ Both receive the same JSON object (`payload`) and give one finite number:
     {"policy": ..., "trajectory_id": ..., "reward_name": ...,
      "messages": [... the last call's messages ..., the answer],   # the whole conversation
      "answer": {"role": "assistant", "content": ..., "tool_calls": ...},
+     "finish_reason": "stop" | "length" | "tool_calls" | ...,       # why the answer ended
      "tools": [...] | null,
-     "calls": [{"messages": [...], "answer": {...}}, ...]}          # each call of a run
+     "calls": [{"messages": [...], "answer": {...}, "finish_reason": ...}, ...]}  # each call of a run
+
+`finish_reason` is the upstream's, as the client saw it: a scorer tells an answer that ended by
+itself ("stop") from one cut at max_tokens ("length"), which no text alone shows.
 
 - HTTP: POSTed as JSON, signed like the reward webhooks when a secret is set
   (`Apprentice-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>`, the
@@ -44,14 +48,25 @@ def _answer(response: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k in ("role", "content", "tool_calls") and v is not None}
 
 
+def _finish_reason(response: dict[str, Any]) -> str | None:
+    choices = response.get("choices") or []
+    reason = choices[0].get("finish_reason") if choices else None
+    return reason if isinstance(reason, str) else None
+
+
 def payload(
     policy: str, name: str, trajectory_id: str, calls: list[tuple[dict[str, Any], dict[str, Any]]]
 ) -> dict[str, Any]:
     """What a function reads of a trajectory (see the module docstring)."""
     if not calls:
         raise ScoringError("the trajectory has no answered call")
-    turns = [
-        {"messages": list(request.get("messages") or []), "answer": _answer(response)} for request, response in calls
+    turns: list[dict[str, Any]] = [
+        {
+            "messages": list(request.get("messages") or []),
+            "answer": _answer(response),
+            "finish_reason": _finish_reason(response),
+        }
+        for request, response in calls
     ]
     last = turns[-1]
     return {
@@ -60,6 +75,7 @@ def payload(
         "reward_name": name,
         "messages": [*last["messages"], last["answer"]],
         "answer": last["answer"],
+        "finish_reason": last["finish_reason"],
         "tools": calls[0][0].get("tools"),
         "calls": turns,
     }
