@@ -69,10 +69,8 @@ def _comparison(sequence: EffectSequence, arms: list[int], alpha: float) -> ev.C
     stats = ev.ArmStats(arms[1], None, None), ev.ArmStats(arms[0], None, None)
     if min(arms) < MIN_SAMPLES:
         return ev.Comparison(*stats, "sequential", 1 - alpha, MIN_SAMPLES, ev.INSUFFICIENT)
-    found = sequence.interval()
-    interval = ev.Interval(found.difference, found.low, found.high)
-    verdict = ev.BETTER if found.low > 0 else ev.WORSE if found.high < 0 else ev.INCONCLUSIVE
-    return ev.Comparison(*stats, "sequential", 1 - alpha, MIN_SAMPLES, verdict, interval)
+    interval = ev.sequential_result(sequence.interval())
+    return ev.Comparison(*stats, "sequential", 1 - alpha, MIN_SAMPLES, ev.verdict_of(interval), interval)
 
 
 def replicate(shape: Shape, gain: float, rng: random.Random) -> tuple[str, int]:

@@ -232,4 +232,6 @@ def test_a_better_version_is_promoted_and_a_worse_one_rejected(start_gateway, db
         assert status_of(db, worse) == "rejected", f"after {runs} runs"
         assert status_of(db, better) == "promoted"
         evaluation = db.execute("SELECT evaluation FROM adapter_versions WHERE id = %s", (worse,)).fetchone()[0]
-        assert evaluation["verdict"] == "worse" and evaluation["interval"]["high"] < 0
+        interval = evaluation["interval"]
+        assert evaluation["verdict"] == "worse" and interval["wealth_worse"] >= interval["threshold"]
+        assert interval["difference"] < 0

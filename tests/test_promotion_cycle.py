@@ -159,7 +159,8 @@ def test_reviewed_policy_waits_for_the_admin(start_gateway, local_server, tiny, 
     assert detail["gates"]["outcome"] == "pass"
     evaluation = detail["evaluation"]
     assert evaluation["verdict"] == "better" and evaluation["decision"] == "review"
-    assert evaluation["canary"]["n"] >= 5 and evaluation["interval"]["low"] > 0
+    interval = evaluation["interval"]
+    assert evaluation["canary"]["n"] >= 5 and interval["wealth_better"] >= interval["threshold"] > 0
     assert [t["to_status"] for t in detail["transitions"]] == ["canary"]
 
     # Errors: OpenAI format, 404 for unknown versions, 409 naming the current status.

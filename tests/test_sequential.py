@@ -40,11 +40,9 @@ def first_verdict(
         arms[canary] += 1
         if min(arms) < MIN_UNITS:
             continue
-        interval = sequence.interval()
-        if interval.low > 0:
-            return "better", index + 1
-        if interval.high < 0:
-            return "worse", index + 1
+        verdict = sequence.interval().verdict  # the test by betting, as the promotion job reads it
+        if verdict is not None:
+            return verdict, index + 1
     return "none", units
 
 
@@ -97,6 +95,24 @@ def test_the_interval_is_conservative_for_small_arms_and_rates_near_zero():
     assert one_success.low < 0, "one success in twenty against none is no promotion"
     clear = confidence_sequence(units([1.0] * 60 + [0.0] * 40, [1.0] * 5 + [0.0] * 95), alpha=ALPHA)
     assert clear.low > 0.2
+
+
+def test_the_test_by_betting_finds_a_rare_success_gain_the_interval_still_holds_zero_on():
+    """A live loop's unique-prompt canary: successes are rare in both arms (2% against 9%), so
+    the interval, whose width is set by the units' range, still holds 0 when the bets have won."""
+    rng = random.Random(3)
+    sequence = EffectSequence(ALPHA)
+    decided_at = None
+    for index in range(900):
+        canary = rng.random() < 0.5
+        sequence.add(Unit(canary, 0.5, f"prompt {index}", float(rng.random() < (0.09 if canary else 0.02))))
+        found = sequence.interval()
+        if decided_at is None and found.verdict is not None:
+            decided_at, interval_then = index + 1, found
+    assert decided_at is not None and interval_then.verdict == "better", "a 7-point gain at 2% is found in 900 units"
+    assert interval_then.low < 0 < interval_then.high, "where the interval alone would still wait"
+    assert interval_then.wealth_better >= interval_then.threshold == 2 / ALPHA
+    assert interval_then.wealth_worse < 1, "the bets against a loss lost"
 
 
 def test_a_share_outside_the_open_interval_is_refused():

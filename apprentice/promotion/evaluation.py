@@ -19,8 +19,10 @@ sequence of `sequential` (method "sequential", the default: compares each task w
 history, valid at every look and every sample size) or a fixed-sample interval on the arms'
 unit means, Welch's t (closed form, deterministic) or a percentile bootstrap (seeded); these
 two are only valid for a single look and compare the arms' prompts along with their versions.
-Significantly better: the whole interval is above 0; significantly worse: below 0. Nothing is
-decided before each arm has `min_samples` units.
+Significantly better: the whole interval is above 0; significantly worse: below 0; for the
+sequential method, its test by betting at the same alpha decides instead (sharper at 0; the
+interval still gives the effect's size). Nothing is decided before each arm has `min_samples`
+units.
 
 The statistics are pure functions (no database) and are unit-tested against known values.
 """
@@ -39,7 +41,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from apprentice.promotion.sequential import Unit, confidence_sequence
+from apprentice.promotion.sequential import EffectInterval, Unit, confidence_sequence
 from apprentice.store.tables import rewards, trajectories
 
 BETTER, WORSE, INCONCLUSIVE, INSUFFICIENT = "better", "worse", "inconclusive", "insufficient"
@@ -140,6 +142,23 @@ class Interval:
     low: float
     high: float
     df: float | None = None  # Welch-Satterthwaite degrees of freedom
+    # The sequential method's test by betting (sequential.py): its wealth against "no gain" and
+    # against "no loss", and the wealth at which it decides. None for the fixed-sample methods.
+    wealth_better: float | None = None
+    wealth_worse: float | None = None
+    threshold: float | None = None
+
+
+def verdict_of(interval: Interval) -> str:
+    """Better, worse or inconclusive. The sequential method's test decides where it ran (its
+    wealth reached the threshold); a fixed-sample interval decides by whether it holds 0."""
+    if interval.threshold is not None:
+        if (interval.wealth_better or 0.0) >= interval.threshold:
+            return BETTER
+        if (interval.wealth_worse or 0.0) >= interval.threshold:
+            return WORSE
+        return INCONCLUSIVE
+    return BETTER if interval.low > 0 else WORSE if interval.high < 0 else INCONCLUSIVE
 
 
 def welch_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Interval:
@@ -208,7 +227,19 @@ def sequential_interval(
         if reward_range[0] == reward_range[1]:
             reward_range = (reward_range[0], reward_range[0] + 1.0)
     found = confidence_sequence(units, alpha=1.0 - confidence, reward_range=reward_range)
-    return Interval(found.difference, found.low, found.high)
+    return sequential_result(found)
+
+
+def sequential_result(found: EffectInterval) -> Interval:
+    """The confidence sequence's interval with its test's wealth (what `verdict_of` reads)."""
+    return Interval(
+        found.difference,
+        found.low,
+        found.high,
+        wealth_better=found.wealth_better,
+        wealth_worse=found.wealth_worse,
+        threshold=found.threshold,
+    )
 
 
 def compare(
@@ -234,8 +265,7 @@ def compare(
         interval = bootstrap_interval(canary, incumbent, confidence, seed=seed)
     else:
         raise ValueError(f"unknown method {method!r}")
-    verdict = BETTER if interval.low > 0 else WORSE if interval.high < 0 else INCONCLUSIVE
-    return Comparison(*stats, method, confidence, min_samples, verdict, interval)
+    return Comparison(*stats, method, confidence, min_samples, verdict_of(interval), interval)
 
 
 # The share of the false-verdict budget spent on the newest versions' own comparisons.

@@ -58,7 +58,31 @@ probability 1 - alpha: exact for every sample size, not asymptotic, and valid wh
 changes over time (the canary moving along its lineage). Under A/A every tau_i is 0, so the
 chance that any look calls the canary better or worse is at most alpha.
 
-Verdicts: "better" when the whole interval is above 0, "worse" when below 0.
+The verdicts are a test by betting on the same per-unit estimates (the interval above describes
+the effect's size and serves margins, as the teacher takeover's; the test decides, and is the
+sharper of the two at 0). For each direction s (+1: "better", -1: "worse"), with
+
+    d_i = s Z_i / (U_i - L_i)                    in [s_lo_i, s_lo_i + 1], s_lo_i = L_i / (U_i - L_i)
+                                                  for s = +1, -U_i / (U_i - L_i) for s = -1
+    lambda_i = clip(M1_{i-1} / M2_{i-1}, 0, BET_CAP / -s_lo_i)
+    M1_i = gamma M1_{i-1} + d_i,   M2_i = gamma M2_{i-1} + d_i^2,   M1_0 = 0, M2_0 = BET_PRIOR_UNITS / 4
+    W_t  = prod_{i<=t} (1 + lambda_i d_i)
+
+(lambda_i is the approximate growth-rate-optimal bet E[d] / E[d^2], aGRAPA in Waudby-Smith and
+Ramdas 2024, Section 5.1, on a window of about 1 / (1 - gamma) = BET_WINDOW units so that it follows
+a lineage whose newer versions are better; the prior, BET_PRIOR_UNITS units of the largest
+variance a unit in a range of 1 can have, keeps the first bets small: with a prior of one unit,
+2 of 40 simulated lineages whose gain grows from 0 were called worse in their first 80 units,
+with 20 none, at the same power.) Every
+factor is at least 1 - BET_CAP > 0 and lambda_i is known before d_i, so when every unit's
+effect is at most 0 (tau_i <= 0 for s = +1, >= 0 for s = -1), E[d_i | past] <= 0 and W is a
+nonnegative supermartingale with W_0 = 1: by Ville's inequality it ever reaches 2 / alpha with
+probability at most alpha / 2 (Shafer, "Testing by betting", JRSS-A 2021; Waudby-Smith and Ramdas
+2024, Section 4). "Better" when W(+1) >= 2 / alpha, "worse" when W(-1) >= 2 / alpha: under A/A at
+most alpha of canaries get any verdict at any look. On a live loop's unique-prompt canary (a
+lineage 2% -> 10% on its traffic; the lineage's alpha 0.08) W(+1) passed 2 / alpha at unit 654,
+when the interval was [-0.013, +0.094], and it still held 0 at the last unit, 710.
+
 bench/canary_simulation.py measures the false-verdict rate over 10,000 simulated A/A canaries
 (prompts of unequal difficulty, late rewards, new versions arriving) and the time to a verdict.
 """
@@ -73,6 +97,11 @@ from dataclasses import dataclass, field
 LAMBDA_MAX = 0.75
 # Units after which the bets start to shrink (see the module's docstring).
 HORIZON = 500
+# The test's bets: at most this share of the wealth at risk on one unit, sized from a window of
+# about BET_WINDOW recent units (see the module's docstring).
+BET_CAP = 0.5
+BET_WINDOW = 200
+BET_PRIOR_UNITS = 20
 
 
 @dataclass(frozen=True)
@@ -92,6 +121,43 @@ class EffectInterval:
     high: float
     alpha: float
     units: int
+    # The test's wealth against "no gain" and against "no loss" (W(+1), W(-1) in the docstring).
+    wealth_better: float = 1.0
+    wealth_worse: float = 1.0
+
+    @property
+    def threshold(self) -> float:
+        """The wealth at which the test decides: 2 / alpha (alpha / 2 to each direction)."""
+        return 2.0 / self.alpha
+
+    @property
+    def verdict(self) -> str | None:
+        """The test's verdict, "better" or "worse", or None while it has not decided (not the interval's)."""
+        if self.wealth_better >= self.threshold:
+            return "better"
+        if self.wealth_worse >= self.threshold:
+            return "worse"
+        return None
+
+
+@dataclass
+class _Bettor:
+    """One direction's test by betting (W(s) in the module's docstring)."""
+
+    sign: float
+    log_wealth: float = 0.0
+    first_moment: float = 0.0  # M1
+    second_moment: float = BET_PRIOR_UNITS / 4  # M2, its prior
+
+    def add(self, z: float, lower: float, upper: float) -> None:
+        width = upper - lower
+        d = self.sign * z / width
+        lowest = (lower if self.sign > 0 else -upper) / width  # < 0: b_i is strictly inside (0, 1)
+        bet = min(max(self.first_moment / self.second_moment, 0.0), BET_CAP / -lowest)
+        self.log_wealth += math.log1p(bet * d)
+        decay = 1.0 - 1.0 / BET_WINDOW
+        self.first_moment = decay * self.first_moment + d
+        self.second_moment = decay * self.second_moment + d * d
 
 
 @dataclass
@@ -110,6 +176,9 @@ class EffectSequence:
     _weight_sum: float = 0.0  # sum kappa_i
     _weighted_z: float = 0.0  # sum kappa_i Z_i
     _penalty: float = 0.0  # sum v_i psi(lambda_i)
+    # the test by betting, one bettor a direction
+    _better: _Bettor = field(default_factory=lambda: _Bettor(1.0))
+    _worse: _Bettor = field(default_factory=lambda: _Bettor(-1.0))
 
     def add(self, unit: Unit) -> None:
         if not 0.0 < unit.share < 1.0:
@@ -125,6 +194,8 @@ class EffectSequence:
         lower = min(-baseline / p, -(1.0 - baseline) / (1.0 - p))
         upper = max((1.0 - baseline) / p, baseline / (1.0 - p))
         x = (z - lower) / (upper - lower)
+        self._better.add(z, lower, upper)
+        self._worse.add(z, lower, upper)
 
         t = self._count + 1
         mu_before = (0.5 + self._x_sum) / t  # mu_hat_{t-1}
@@ -153,7 +224,13 @@ class EffectSequence:
         estimate = self._weighted_z / self._weight_sum
         half = (math.log(2.0 / self.alpha) + self._penalty) / self._weight_sum
         return EffectInterval(
-            estimate * scale, (estimate - half) * scale, (estimate + half) * scale, self.alpha, self._count
+            estimate * scale,
+            (estimate - half) * scale,
+            (estimate + half) * scale,
+            self.alpha,
+            self._count,
+            math.exp(min(self._better.log_wealth, 700.0)),
+            math.exp(min(self._worse.log_wealth, 700.0)),
         )
 
 
