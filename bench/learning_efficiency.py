@@ -16,7 +16,12 @@ samples at the same rate:
       unique       every run a prompt never seen before (a topic and a context), no id
       two_call     runs of two calls in one conversation (a second topic asked after the first
                    answer), one reward per run (the mean of its turns), named groups of GROUP_SIZE
-    Every shape runs at `apprentice up`'s shipped settings: nothing is tuned per shape.
+      unique_explore  `unique`'s runs, and the policy declares what such a deployment adds:
+                   exploration (EXPLORE_ANSWERS unserved answers per client call from the lineage
+                   head, docs/exploration.md) and a reward function that scores them (an HTTP
+                   endpoint this script runs with the task's own rule, docs/reward-functions.md)
+    Every shape runs at `apprentice up`'s shipped learning and promotion settings: nothing is
+    tuned per shape; `unique_explore` only declares the exploration and the scorer it is about.
 (b) the bare loop, written here with torch and peft: each step samples PROMPTS_PER_STEP
     prompts x GROUP_SIZE answers at temperature 1, rewards them, and makes one on-policy
     GRPO update (group-normalised advantages, token-mean loss). Its sample rate sets (a)'s pace.
@@ -64,7 +69,9 @@ TEMPERATURE = 1.0
 LR = 1e-4
 EVAL_SAMPLES = 256
 SEED = 0
-TRAFFIC = ("grouped", "repeating16", "few", "unique", "two_call")
+TRAFFIC = ("grouped", "repeating16", "few", "unique", "two_call", "unique_explore")
+# Unserved answers per client call in the exploring shapes ("one extra answer per client call").
+EXPLORE_ANSWERS = 1
 # Contexts that make every prompt of the `unique` traffic one never seen before.
 CONTEXT_WORDS = (
     "for a child, on a rainy day, in a letter, for a sailor, at a wedding, for a museum card, in a poem, "
@@ -312,18 +319,62 @@ def run_bare(task: Task, model_dir: Path, samples: int, threads: int, seed: int)
 # --------------------------------------------------------------------------- the product
 
 
-def product_config(data_dir: Path, port: int, model_port: int) -> dict[str, Any]:
+def product_config(data_dir: Path, port: int, model_port: int, scorer_url: str | None = None) -> dict[str, Any]:
     """The configuration `apprentice up` writes on first start, unchanged but for one check:
     it must train like the bare loop (learning rate, LoRA, one optimizer step per
-    PROMPTS_PER_STEP groups), or the comparison would measure settings, not the loop."""
+    PROMPTS_PER_STEP groups), or the comparison would measure settings, not the loop.
+    `scorer_url`: the exploring shapes' reward function; the policy then also declares
+    exploration (EXPLORE_ANSWERS a call, a budget the traffic cannot exhaust: what it spent is
+    reported) and the function, which scores the runs no webhook rewarded within its wait."""
     from apprentice.commands.up import default_config
 
     config = default_config(data_dir, port, model_port)
-    learning = config["policies"][0]["learning"]
+    policy = config["policies"][0]
+    learning = policy["learning"]
     assert learning["lr"] == LR and learning["lora_rank"] == 8 and learning["lora_alpha"] == 16, learning
     assert learning["micro_batch_size"] * learning["grad_accumulation"] == PROMPTS_PER_STEP * GROUP_SIZE, learning
-    assert config["policies"][0]["temperature"] == TEMPERATURE
+    assert policy["temperature"] == TEMPERATURE
+    if scorer_url is not None:
+        learning["exploration"] = {"extra_answers": EXPLORE_ANSWERS, "budget_tokens_per_hour": 1_000_000}
+        policy["reward_functions"] = [{"name": "reward", "url": scorer_url, "max_calls_per_hour": 100_000}]
     return config
+
+
+class TaskScorer:
+    """The operator's reward function for the exploring shapes: an HTTP endpoint (in a thread of
+    this process) that scores the answer it is sent by the task's own rule, as the agent does."""
+
+    def __init__(self, task: Task) -> None:
+        import json
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from threading import Thread
+
+        scorer = self
+        self.scored = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                text = body["answer"].get("content") or ""
+                score = task.score(text, body.get("finish_reason") == "stop")
+                scorer.scored += 1
+                answer = json.dumps({"score": score}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/score"
+        Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class Agent:
@@ -403,7 +454,7 @@ def traffic_plan(task: Task, traffic: str, samples: int, seed: int) -> list[tupl
             plan.append(([task.prompt(topic)], f"{task.name}-{seed}-{group}"))
         elif traffic == "few":
             plan.append(([task.prompt(rng.choice(few))], None))
-        elif traffic == "unique":
+        elif traffic in ("unique", "unique_explore"):
             context = " and ".join(rng.sample(CONTEXT_WORDS, 2))
             plan.append(([f"{task.prompt(rng.choice(TRAIN_TOPICS))} Write it {context} (note {index}).".strip()], None))
         else:
@@ -461,14 +512,26 @@ def serving(gateway_url: str) -> dict[str, Any]:
     return next(p for p in policies if p["name"] == POLICY)
 
 
+def exploration_spend(gateway_url: str, client_answers: int, scored: int) -> str:
+    """What exploration generated beside the clients' answers, per client answer."""
+    spend = httpx.get(f"{gateway_url}/v1/admin/policies/{POLICY}/exploration", timeout=30).json()
+    day = spend["recorded_last_day"]
+    return (
+        f"exploration: {day['answers']} unserved answers to {day['explored_calls']} of {client_answers} client calls, "
+        f"{day['tokens'] / client_answers:.1f} extra generated tokens a client call; reward function: {scored} scorings"
+    )
+
+
 def run_product(
     task: Task, traffic: str, samples: int, rate: float, settle_s: float, seed: int, keep: bool = False
 ) -> LoopResult:
     """One product run of a traffic shape; `keep` leaves its directory (logs, database) for a post-mortem."""
     work = Path(tempfile.mkdtemp(prefix=f"apprentice-bench-{task.name}-{traffic}-"))
     port, model_port = free_port(), free_port()
+    scorer = TaskScorer(task) if traffic.endswith("_explore") else None
+    config = product_config(work / "data", port, model_port, scorer.url if scorer else None)
     config_path = work / "apprentice.yaml"
-    config_path.write_text(yaml.safe_dump(product_config(work / "data", port, model_port), sort_keys=False))
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPRENTICE_") and k != "DATABASE_URL"}
     # The environment without APPRENTICE_* and DATABASE_URL: the database is up's embedded one.
     up = ManagedProcess(
@@ -504,9 +567,13 @@ def run_product(
         if canary:
             head = asyncio.run(evaluate_served(model_url, canary, task))
             notes.append(f"canary {canary}: {head.text()}")
+        if scorer is not None:
+            notes.append(exploration_spend(gateway_url, samples, scorer.scored))
         log(f"product {task.name}/{traffic}: {before.text()} -> {after.text()} in {wall:.0f}s; " + "; ".join(notes))
         return LoopResult(before, after, samples, wall, notes)
     finally:
+        if scorer is not None:
+            scorer.close()
         up.signal(2)  # Ctrl-C, as a person stops it
         up.wait_stopped(time.monotonic() + 90)
         if keep:
