@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import random
@@ -345,36 +346,22 @@ class TaskScorer:
     this process) that scores the answer it is sent by the task's own rule, as the agent does."""
 
     def __init__(self, task: Task) -> None:
-        import json
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-        from threading import Thread
+        from tests.support.post_endpoint import PostEndpoint
 
-        scorer = self
+        self.task = task
         self.scored = 0
+        self.endpoint = PostEndpoint(self.answer)
+        self.url = f"{self.endpoint.base_url}/score"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                text = body["answer"].get("content") or ""
-                score = task.score(text, body.get("finish_reason") == "stop")
-                scorer.scored += 1
-                answer = json.dumps({"score": score}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/score"
-        Thread(target=self.server.serve_forever, daemon=True).start()
+    def answer(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
+        payload = json.loads(body)
+        text = payload["answer"].get("content") or ""
+        self.scored += 1
+        score = self.task.score(text, payload.get("finish_reason") == "stop")
+        return 200, "application/json", json.dumps({"score": score}).encode()
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.endpoint.close()
 
 
 class Agent:

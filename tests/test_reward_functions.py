@@ -8,8 +8,6 @@ Python scorer is an entry point in tests/support/reward_functions.py.
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -18,6 +16,7 @@ import openai
 from apprentice.grouping import task_family
 from gateway.rewards.signatures import compute_signature, parse_header
 from tests.conftest import count_rows, wait_for
+from tests.support.post_endpoint import PostEndpoint, Reply
 
 SECRET = "whsec-scorer"
 SYSTEM = "You answer support tickets."
@@ -29,35 +28,20 @@ class Scorer:
     def __init__(self) -> None:
         self.received: list[dict[str, Any]] = []
         self.bad_signatures = 0
-        scorer = self
+        self.endpoint = PostEndpoint(self.answer)
+        self.url = f"{self.endpoint.base_url}/score"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                stamp, signatures = parse_header(self.headers.get("Apprentice-Signature", ""))
-                if compute_signature(SECRET, stamp, body) not in signatures:
-                    scorer.bad_signatures += 1
-                    self.send_response(401)
-                    self.end_headers()
-                    return
-                payload = json.loads(body)
-                scorer.received.append(payload)
-                answer = json.dumps({"score": len(payload["answer"]["content"]) / 1000.0}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: Any) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/score"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def answer(self, path: str, headers: dict[str, str], body: bytes) -> Reply:
+        stamp, signatures = parse_header(headers.get("Apprentice-Signature", ""))
+        if compute_signature(SECRET, stamp, body) not in signatures:
+            self.bad_signatures += 1
+            return 401, "text/plain", b""
+        payload = json.loads(body)
+        self.received.append(payload)
+        return 200, "application/json", json.dumps({"score": len(payload["answer"]["content"]) / 1000.0}).encode()
 
     def close(self) -> None:
-        self.server.shutdown()
+        self.endpoint.close()
 
 
 def _policy(functions: list[dict[str, Any]]) -> dict[str, Any]:

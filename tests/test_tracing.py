@@ -15,7 +15,6 @@ import threading
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -33,6 +32,7 @@ from gateway.tracing.exporter import CallTracer
 from gateway.tracing.items import call_item, finish_reasons
 from gateway.tracing.spans import SpanBuilder
 from tests.conftest import count_rows, wait_for
+from tests.support.post_endpoint import PostEndpoint, Reply
 from tests.support.processes import REPO_ROOT, free_port
 
 SPAN_KIND_INTERNAL = 1
@@ -61,33 +61,20 @@ class Collector:
         self.spans: list[dict[str, Any]] = []
         self.requests = 0
         self.lock = threading.Lock()
-        collector = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                if self.path != "/v1/traces" or self.headers.get("content-type") != "application/x-protobuf":
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                collector.receive(ExportTraceServiceRequest.FromString(body), dict(self.headers))
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.headers: list[dict[str, str]] = []
+        self.endpoint_server: PostEndpoint | None = None
+
+    def answer(self, path: str, headers: dict[str, str], body: bytes) -> Reply:
+        content_type = {k.lower(): v for k, v in headers.items()}.get("content-type")
+        if path != "/v1/traces" or content_type != "application/x-protobuf":
+            return 404, "text/plain", b""
+        self.receive(ExportTraceServiceRequest.FromString(body), headers)
+        return 200, "application/x-protobuf", ExportTraceServiceResponse().SerializeToString()
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        assert self.endpoint_server is not None, "start() the collector first"
+        return self.endpoint_server.base_url
 
     def receive(self, request: ExportTraceServiceRequest, headers: dict[str, str]) -> None:
         decoded = []
@@ -123,11 +110,11 @@ class Collector:
             return [span for span in self.spans if span["name"].startswith(prefix)]
 
     def start(self) -> None:
-        self.thread.start()
+        self.endpoint_server = PostEndpoint(self.answer)
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        if self.endpoint_server is not None:
+            self.endpoint_server.close()
 
 
 @pytest.fixture
