@@ -6,7 +6,11 @@ The run, in order:
    version that served the call), "old" (the policy this run starts from: the promoted
    adapter, or a fresh LoRA, which equals the base model; taken from the record for data that
    policy sampled itself unless old_logprobs="recompute", scored otherwise) and "ref" (the
-   base model, only when kl_beta > 0).
+   base model, only when kl_beta > 0). The first optimizer step's rows are not scored: until
+   that step's update the trainable policy *is* the starting one, so its own forward pass gives
+   "old" exactly (as TRL takes it with one iteration per batch). A live loop's run is often one
+   step of data that older versions sampled, all of which would otherwise need a scoring pass:
+   a third of the run's compute on a CPU.
 2. Split the samples into optimizer steps (whole trajectories; shuffled, seeded). A step's
    token weights are fixed before its first micro-batch (see loss.aggregation_weights), so
    micro-batches plus gradient accumulation compute exactly the full step's gradient while
@@ -205,21 +209,29 @@ class GRPOTrainer:
         """Prepares the rows, then runs the optimizer steps; no step at all when no sample can train."""
         started = time.perf_counter()
         result = TrainResult(kl_reference="base" if self.config.kl_beta > 0 else "start")
-        rows_by_sample = self._rows_by_sample(samples, result)
+        rows = self.build_rows(samples, result.dropped)
+        planned = self._by_sample(rows, result)
+        steps = self._plan(sorted(planned), step_sizes(samples, planned))
+        first_step = set(steps[0]) if steps and self.config.kl_beta == 0 else set()
+        rows_by_sample = self._by_sample(self._fill_references(rows, result.dropped, first_step), result)
+        steps = [kept for kept in ([s for s in step if s in rows_by_sample] for step in steps) if kept]
         if rows_by_sample:
-            self._optimize(samples, rows_by_sample, result)
+            self._optimize(samples, rows_by_sample, steps, result)
         result.duration_s = time.perf_counter() - started
         return result
 
     def _optimize(
-        self, samples: Sequence[TrainSample], rows_by_sample: dict[int, list[_Row]], result: TrainResult
+        self,
+        samples: Sequence[TrainSample],
+        rows_by_sample: dict[int, list[_Row]],
+        steps: list[list[int]],
+        result: TrainResult,
     ) -> None:
         """The training loop: each optimizer step accumulates its micro-batches' gradients, clips, steps."""
         params = self._trainable_parameters()
         optimizer = self.optimizer or torch.optim.AdamW(
             params, lr=self.config.lr, weight_decay=self.config.weight_decay
         )
-        steps = self._plan(sorted(rows_by_sample), step_sizes(samples, rows_by_sample))
         meter = _RunMeter()
         self.model.train()
         try:
@@ -235,11 +247,6 @@ class GRPOTrainer:
         finally:
             self.model.eval()
         meter.fill(result)
-
-    def _rows_by_sample(self, samples: Sequence[TrainSample], result: TrainResult) -> dict[int, list[_Row]]:
-        """The rows of every sample that can train, by sample index; what they cover (and what was
-        dropped) goes into `result`."""
-        return self._by_sample(self.prepare(samples, result.dropped), result)
 
     def _by_sample(self, rows: Sequence[_Row], result: TrainResult) -> dict[int, list[_Row]]:
         """`rows` by sample index; the samples, loss tokens and tokens they cover go into `result`."""
@@ -284,27 +291,35 @@ class GRPOTrainer:
             rows.extend(made)
         return rows
 
-    def _fill_references(self, rows: list[_Row], dropped: dict[str, int]) -> list[_Row]:
-        """old, behaviour and ref logprobs for every row; rows whose sampler is unknown are dropped."""
+    def _fill_references(
+        self, rows: list[_Row], dropped: dict[str, int], first_step: set[int] | None = None
+    ) -> list[_Row]:
+        """old, behaviour and ref logprobs for every row; rows whose sampler is unknown are dropped.
+        `first_step`: the samples of the run's first optimizer step, whose `old` that step's own
+        forward pass gives (see the module docstring) when their sampler's logprobs are recorded."""
         self.model.eval()
-        self._fill_old(rows)
+        self._fill_old(rows, first_step or set())
         kept = self._fill_behaviour(rows, dropped)
         if self.config.kl_beta > 0:
             self._fill_ref(kept)
         return kept
 
-    def _fill_old(self, rows: list[_Row]) -> None:
+    def _fill_old(self, rows: list[_Row], first_step: set[int]) -> None:
         """The starting policy's logprobs.
 
         With `old_logprobs="recorded"`, rows the starting policy sampled itself take the sampler's
         logprobs as `old` (as TRL does with one iteration per batch): no scoring pass for them.
-        The sampler/trainer gap is then measured during the first optimizer step instead.
+        The sampler/trainer gap is then measured during the first optimizer step instead. Rows of
+        the first step's samples whose behaviour is recorded are left to that step (`_old_of`);
+        a row without recorded logprobs may need `old` as its behaviour, so it is scored here.
         """
         trust_record = self.config.old_logprobs == "recorded"
         to_score: list[_Row] = []
         for row in rows:
             if trust_record and row.recorded is not None and self._on_policy(row):
                 row.old = row.recorded
+            elif row.sample in first_step and row.recorded is not None:
+                continue  # the first step's forward pass gives it
             else:
                 to_score.append(row)
         for row, old in zip(to_score, self._score(to_score), strict=True):
@@ -409,7 +424,7 @@ class GRPOTrainer:
         sums = StepSums()
         for micro in _chunks(ordered, self.config.micro_batch_size):
             logp = self._logprobs(micro)
-            old = self._concat([r.old for r in micro])
+            old = self._old_of(micro, logp, step_number)
             out = self._loss(micro, logp, old, samples, weight_of)
             _require_finite("loss", out.loss.item(), step_number)
             out.loss.backward()
@@ -417,6 +432,18 @@ class GRPOTrainer:
             if measure_gap:  # before the first update the trainable policy is the starting one
                 self._measure_gap(sums, micro, logp.detach())
         return sums
+
+    def _old_of(self, micro: Sequence[_Row], logp: torch.Tensor, step_number: int) -> torch.Tensor:
+        """The micro-batch's `old` logprobs. Rows left unscored by `_fill_old` are in the first
+        step, before any update: the trainable policy is still the starting one, so this very
+        forward pass is `old` (kept on the row for later epochs)."""
+        if any(row.old is None for row in micro):
+            if step_number > 1:
+                raise ValueError("only the first optimizer step's rows may take `old` from their own forward pass")
+            for row, part in zip(micro, logp.detach().float().cpu().split([r.size for r in micro]), strict=True):
+                if row.old is None:
+                    row.old = part
+        return self._concat([r.old for r in micro])
 
     def _sample_weights(self, rows: Sequence[_Row]) -> dict[int, float]:
         """Each sample's per-token weight in this step (loss.aggregation_weights over the step's rows)."""

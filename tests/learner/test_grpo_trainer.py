@@ -157,3 +157,47 @@ def test_behaviour_logprobs_are_recomputed_with_the_version_that_served(
     dropped: dict[str, int] = {}
     unknown = GRPOTrainer(tiny_peft, trainer_config(), fresh=True).prepare(samples, dropped)
     assert unknown == [] and dropped == {"behaviour_unavailable": 4}
+
+
+def test_the_first_step_takes_old_logprobs_from_its_own_forward_pass_and_trains_the_same(tiny_peft):
+    """Data an older version sampled (its logprobs recorded) needs the starting policy's logprobs:
+    the first optimizer step's rows get them from that step's own forward pass (no update has
+    happened yet), only later steps' rows are scored up front, and the update is the same."""
+    prompt = [1, 20, 30, 40]
+    answers = [[100, 101, 102, 2], [200, 201, 2], [100, 103, 2], [200, 202, 203, 2], [100, 2], [201, 2]]
+
+    def stale(index: int, answer: list[int]) -> TrainSample:
+        ids = prompt + answer
+        recorded = [math.nan] * len(prompt) + [-1.5] * len(answer)  # what the older sampler reported
+        piece = Segment(ids, [False] * len(prompt) + [True] * len(answer), recorded, 1.0, "older-version")
+        return TrainSample(f"t{index}", float(index % 2 == 0), 1.0 if index % 2 == 0 else -1.0, [piece])
+
+    samples = [stale(i, a) for i, a in enumerate(answers)]
+    config = trainer_config(lr=1e-2, micro_batch_size=2, grad_accumulation=2)  # steps of 4, then 2
+    start = {k: v.clone() for k, v in tiny_peft.state_dict().items() if "lora_" in k}
+
+    def trained(score_every_row: bool) -> tuple[dict[str, torch.Tensor], int]:
+        tiny_peft.load_state_dict(start, strict=False)
+        trainer = GRPOTrainer(tiny_peft, config, start_version="head")
+        scored = 0
+        score = trainer._score
+
+        def counting(rows: Any) -> list[torch.Tensor]:
+            nonlocal scored
+            scored += len(rows)
+            return score(rows)
+
+        trainer._score = counting  # type: ignore[method-assign]
+        if score_every_row:
+            fill_old = trainer._fill_old
+            trainer._fill_old = lambda rows, first_step: fill_old(rows, set())  # type: ignore[method-assign]
+        result = trainer.train(samples)
+        assert result.optimizer_steps == 2 and result.samples == 6
+        return {k: v.clone() for k, v in tiny_peft.state_dict().items() if "lora_" in k}, scored
+
+    deferred, deferred_scored = trained(score_every_row=False)
+    scored_all, all_scored = trained(score_every_row=True)
+    assert all_scored == 6 and deferred_scored == 2, "only the second step's two rows are scored up front"
+    assert any(not torch.equal(deferred[k], start[k]) for k in start), "the run trained"
+    for key, value in deferred.items():
+        assert torch.allclose(value, scored_all[key], atol=1e-6), key
