@@ -357,3 +357,33 @@ def test_keys_are_created_and_revoked_and_a_revoked_admin_key_ends_its_session(g
         assert revoked.status_code == 200 and "Key revoked" in revoked.text
         assert db.execute("SELECT revoked_at IS NOT NULL FROM api_keys WHERE id = %s", (key_id,)).fetchone()[0]
         assert other.get("/ui/").status_code == 303
+
+
+def test_a_canary_comparison_shows_the_tests_wealth_beside_its_interval():
+    """The sequential method's verdict is its test by betting: where the interval still holds 0
+    the page says what decided (the wealth and the threshold), not only the interval."""
+    from gateway.ui.render import environment
+
+    evaluation = {
+        "verdict": "better",
+        "decision": "promote",
+        "method": "sequential",
+        "confidence": 0.92,
+        "canary": {"n": 340, "mean": 0.09},
+        "incumbent": {"n": 330, "mean": 0.02},
+        "interval": {
+            "difference": 0.04,
+            "low": -0.013,
+            "high": 0.094,
+            "wealth_better": 27.5,
+            "wealth_worse": 0.46,
+            "threshold": 25.0,
+        },
+    }
+    page = environment.get_template("_evaluation.html").render(evaluation=evaluation)
+    assert 'data-testid="evidence"' in page and "27.5" in page and "decides at 25" in page
+    assert "[-0.013, 0.094]" in page
+    fixed = environment.get_template("_evaluation.html").render(
+        evaluation={**evaluation, "method": "welch", "interval": {"difference": 0.04, "low": 0.01, "high": 0.07}}
+    )
+    assert 'data-testid="evidence"' not in fixed, "a fixed-sample interval decides by itself"
