@@ -210,15 +210,19 @@ def test_concurrent_publishers_and_readers_never_see_half_an_adapter(store: Adap
         target = store.root / "agent-v1"
         while not stop.is_set():
             try:
+                before = target.stat().st_ino  # the copy under the name when the reads start
                 config = json.loads((target / "adapter_config.json").read_bytes())
                 problem = adapter_files_problem(target)
+                same_copy = target.stat().st_ino == before
             except FileNotFoundError:  # absent, or removed while read: never a partial adapter
                 continue
             except (OSError, ValueError) as exc:  # a half-written config
                 problems.append(repr(exc))
                 continue
+            if not same_copy:
+                continue  # swapped for another whole copy between the reads: they read two copies
             reads += 1
-            if problem is not None and target.exists():  # not gone meanwhile: a partial adapter
+            if problem is not None:  # the same copy stayed in place throughout: a partial adapter
                 problems.append(problem)
             if config.get("base_model_name_or_path") != BASE:
                 problems.append(f"config not rewritten: {config}")

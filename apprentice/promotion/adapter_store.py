@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 import uuid
 from dataclasses import dataclass
@@ -206,7 +207,10 @@ class AdapterStore:
             if target.exists():
                 if self.is_current(name, version_id):
                     return PRESENT
-                if target.is_dir() and not (target / MANIFEST).exists():
+                foreign = _unpublished(target)
+                if foreign is None:
+                    continue  # another publisher moved it meanwhile: look again
+                if foreign:
                     reason = f"{target} exists and was not published by Apprentice (no {MANIFEST}); not replaced"
                     raise PublishError(name, self.root, reason, permanent=True)
                 # Ours but stale (another version, another base model, or damaged): out of the way first.
@@ -220,7 +224,7 @@ class AdapterStore:
                 continue
             fsync_directory(target.parent)
             return outcome
-        raise AssertionError("unreachable")
+        raise OSError(f"{target} kept changing under other publishers for {attempts} attempts")
 
     # ------------------------------------------------------------ remove
 
@@ -266,3 +270,20 @@ class AdapterStore:
                         shutil.rmtree(leftover, ignore_errors=True)
                         removed.append(leftover)
         return removed
+
+
+def _unpublished(target: Path) -> bool | None:
+    """Whether the directory at `target` is not one of ours (no manifest); None when it was moved or
+    replaced while looked at (another publisher's rename), so that a copy in the middle of being
+    swapped is never taken for someone else's. One directory stays one inode across the look."""
+    try:
+        before = target.stat()
+        if not stat.S_ISDIR(before.st_mode):
+            return False  # a file under the name: _discard clears it as it clears a stale copy
+        has_manifest = (target / MANIFEST).exists()
+        after = target.stat()
+    except FileNotFoundError:
+        return None
+    if (before.st_ino, before.st_dev) != (after.st_ino, after.st_dev):
+        return None
+    return not has_manifest

@@ -17,6 +17,7 @@ presence and size.
 from __future__ import annotations
 
 import json
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,12 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 def adapter_files_problem(path: str | Path) -> str | None:
     """What is wrong with the PEFT adapter at `path`, in words; None when it looks whole."""
     directory = Path(path)
-    if not directory.is_dir():
-        return f"{directory} does not exist" if not directory.exists() else f"{directory} is not a directory"
+    try:  # one stat: a name being replaced is either absent or there, never "not a directory" by a race
+        is_directory = stat.S_ISDIR(directory.stat().st_mode)
+    except FileNotFoundError:
+        return f"{directory} does not exist"
+    if not is_directory:
+        return f"{directory} is not a directory"
     problem = _config_problem(directory / ADAPTER_CONFIG)
     if problem is not None:
         return problem
