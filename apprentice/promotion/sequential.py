@@ -152,7 +152,7 @@ class _Bettor:
     def add(self, z: float, lower: float, upper: float) -> None:
         width = upper - lower
         d = self.sign * z / width
-        lowest = (lower if self.sign > 0 else -upper) / width  # < 0: b_i is strictly inside (0, 1)
+        lowest = (lower if self.sign > 0 else -upper) / width  # < 0 for any b_i: L_i < 0 < U_i always
         bet = min(max(self.first_moment / self.second_moment, 0.0), BET_CAP / -lowest)
         self.log_wealth += math.log1p(bet * d)
         decay = 1.0 - 1.0 / BET_WINDOW
