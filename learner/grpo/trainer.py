@@ -167,6 +167,13 @@ def step_sizes(samples: Sequence[TrainSample], rows_by_sample: dict[int, list[_R
     return {index: max(len(rows), samples[index].answers) for index, rows in rows_by_sample.items()}
 
 
+def _group_by_sample(rows: Sequence[_Row]) -> dict[int, list[_Row]]:
+    by_sample: dict[int, list[_Row]] = {}
+    for row in rows:
+        by_sample.setdefault(row.sample, []).append(row)
+    return by_sample
+
+
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
@@ -210,7 +217,7 @@ class GRPOTrainer:
         started = time.perf_counter()
         result = TrainResult(kl_reference="base" if self.config.kl_beta > 0 else "start")
         rows = self.build_rows(samples, result.dropped)
-        planned = self._by_sample(rows, result)
+        planned = _group_by_sample(rows)  # the steps are planned before `old` is filled (see _fill_old)
         steps = self._plan(sorted(planned), step_sizes(samples, planned))
         first_step = set(steps[0]) if steps and self.config.kl_beta == 0 else set()
         rows_by_sample = self._by_sample(self._fill_references(rows, result.dropped, first_step), result)
@@ -250,9 +257,7 @@ class GRPOTrainer:
 
     def _by_sample(self, rows: Sequence[_Row], result: TrainResult) -> dict[int, list[_Row]]:
         """`rows` by sample index; the samples, loss tokens and tokens they cover go into `result`."""
-        by_sample: dict[int, list[_Row]] = {}
-        for row in rows:
-            by_sample.setdefault(row.sample, []).append(row)
+        by_sample = _group_by_sample(rows)
         result.samples = len(by_sample)
         result.loss_tokens = sum(r.size for r in rows)
         result.tokens = sum(int(r.ids.numel()) for r in rows)
