@@ -33,6 +33,7 @@ import httpx
 import psycopg
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -307,8 +308,24 @@ class Browser:
         self.gone(form)
 
     def gone(self, element: Any) -> None:
-        """Wait until the page that held `element` was replaced (a form's answer arrived)."""
-        WebDriverWait(self.driver, 60).until(expected_conditions.staleness_of(element))
+        """Wait until the page that held `element` was replaced (a form's answer arrived).
+
+        Selenium's `staleness_of` knows only the stale-element error; while the new page replaces
+        the old one ChromeDriver may answer "Node with given id does not belong to the document"
+        instead (an unknown error), which says the same thing and must not fail the wait."""
+
+        def replaced(_driver: Any) -> bool:
+            try:
+                element.is_enabled()
+            except StaleElementReferenceException:
+                return True
+            except WebDriverException as error:
+                if "does not belong to the document" in str(error):
+                    return True
+                raise
+            return False
+
+        WebDriverWait(self.driver, 60).until(replaced)
         self.ready()
 
     def accept_dialog(self) -> str:

@@ -236,7 +236,8 @@ def test_a_regex_expected_answer_that_does_not_compile_is_a_documented_400(gatew
     assert expected["if"]["properties"]["match"] == {"const": "regex"}
     assert expected["then"]["properties"]["expected"]["format"] == PYTHON_REGEX_FORMAT
 
-    @hypothesis.settings(max_examples=50, database=None)
+    # Only whether each drawn pattern compiles is the claim; how fast a loaded machine draws them is not.
+    @hypothesis.settings(max_examples=50, database=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
     @hypothesis.given(schemathesis_hooks.python_regexes)
     def drawn_patterns_compile(pattern: str) -> None:
         re.compile(pattern)
