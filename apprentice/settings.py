@@ -877,9 +877,10 @@ class StitchSettings(BaseModel):
     # closed: the run's next call starts a new trajectory (docs/limits.md). None: no cap.
     max_calls_per_trajectory: int | None = Field(default=1000, ge=1)
     max_tokens_per_trajectory: int | None = Field(default=2_000_000, ge=1)
-    # While a canary serves, a call that continues a run another process served waits for that
-    # run's call to be stored (one ship interval plus this) to stay on the run's version
-    # (gateway/trajectories/parents.py); raise it where the store is slow to take a ship.
+    # While a canary serves, a call that continues a run another process served waits up to this
+    # long for that run's call to be stored (shipped at once under a canary), to stay on the
+    # run's version (gateway/trajectories/parents.py); raise it where the store is slow to take a
+    # ship. A prompt with assistant turns no gateway served (few-shot examples) waits all of it.
     parent_wait_margin_s: float = Field(default=0.3, ge=0, le=30)
 
 

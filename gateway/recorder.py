@@ -90,14 +90,15 @@ class Recorder:
         await self.stitcher.stop()
         self.journal.close()
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: dict[str, Any], *, ship_now: bool = False) -> None:
         """Journal a completed call (synchronous: done before the call's last byte is sent),
-        redacted first: neither the journal nor the store ever holds what redaction replaces."""
+        redacted first: neither the journal nor the store ever holds what redaction replaces.
+        `ship_now`: another process waits for this record in the store (see JournalShipper.note_record)."""
         if self.redactor is not None:
             record = self.redactor.apply(record)
         self.journal.append(record)
         metrics.JOURNALED.inc()
-        self.shipper.note_record()
+        self.shipper.note_record(ship_now=ship_now)
         if self.tracer is not None:
             self.tracer.offer(record)
 

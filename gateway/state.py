@@ -162,9 +162,9 @@ class GatewayState:
         await self.engine.dispose()
 
     # ---- recording (gateway/recorder.py) -------------------------------------------------
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: dict[str, Any], *, ship_now: bool = False) -> None:
         """Journal a completed call (see Recorder.record)."""
-        self.recorder.record(record)
+        self.recorder.record(record, ship_now=ship_now)
 
     def redact_early(self, call_id: object, trajectory_id: object, policy: str | None, *bodies: Any) -> None:
         """Start redacting a call's request bodies while the upstream works (see Recorder.redact_early)."""

@@ -102,12 +102,15 @@ class JournalShipper:
     def wake(self) -> None:
         self.worker.wake()
 
-    def note_record(self) -> None:
+    def note_record(self, *, ship_now: bool = False) -> None:
         """A record was journaled. Ship at once only when a batch is filling up: at low load
         one transaction per call would cost more than the calls themselves; the interval
-        timer ships the rest within `interval_s`."""
+        timer ships the rest within `interval_s`. `ship_now` is for a record another process
+        is waiting for (a run's call under a canary, whose next call may reach another
+        process): shipping starts at once, and records journaled meanwhile go with the next
+        pass, so a steady stream of them costs one transaction at a time, not one each."""
         self._unshipped += 1
-        if self._unshipped >= self._wake_threshold:
+        if ship_now or self._unshipped >= self._wake_threshold:
             self.worker.wake()
 
     async def stop(self, drain_timeout_s: float = 10.0) -> None:

@@ -323,7 +323,6 @@ class ChatCompletionsEndpoint:
                     self.state.engine,
                     assignment,
                     tenant=key.tenant,
-                    ship_interval_s=self.state.settings.journal.ship_interval_s,
                     margin_s=self.state.settings.stitching.parent_wait_margin_s,
                     open_window_s=self.state.settings.stitching.open_window_s,
                 )
@@ -363,7 +362,7 @@ class ChatCompletionsEndpoint:
     # ---- helpers ---------------------------------------------------------------------
     def _finish(self, call: CallContext, status: int, response: dict[str, Any] | None, error: Any) -> None:
         record, keys = call.record(status, response, error)
-        self.state.record(record)
+        self.state.record(record, ship_now=self._awaited_elsewhere(call, keys))
         prompt, completion = record["prompt_tokens"], record["completion_tokens"]
         self.state.limiter.settle(call.admission, call.target, prompt, completion)
         self.state.trajectory_cap.add_tokens(call.assignment.trajectory_id, (prompt or 0) + (completion or 0))
@@ -372,6 +371,20 @@ class ChatCompletionsEndpoint:
         trajectory = OpenTrajectory(call.assignment.trajectory_id, call.version.id if call.version else None)
         for key in keys:
             self.state.stitch_index.register(key, trajectory)
+
+    def _awaited_elsewhere(self, call: CallContext, keys: list[bytes]) -> bool:
+        """Whether this call's record should reach the store at once rather than within the ship
+        interval: while a canary serves the policy, the run's next call, when another process or
+        replica gets it, waits for this record in the store to learn the run's version
+        (gateway/trajectories/parents.py). A run the client names needs no lookup (its arm is
+        drawn from its name), and an answer nobody can continue has no keys."""
+        policy = call.plan.policy
+        return (
+            bool(keys)
+            and policy is not None
+            and call.assignment.client_trajectory_id is None
+            and self.state.versions.serving(policy.name).canary is not None
+        )
 
     def _explore(self, call: CallContext) -> None:
         """Offer an answered call to exploration (gateway/exploration): after its last byte was
