@@ -5,14 +5,26 @@ endpoint, a policy with a promoted version and a canary at share 0.5. Agents mak
 calls, the second continuing the first by content alone (the previous answer in its messages,
 no trajectory or group id: the hardest case). How the calls reach the gateways:
 
-- pinned: one keep-alive connection per agent to one replica (a client library's pool behind an
-  L4 load balancer, Kubernetes' Service): the connection stays on one process;
+- pinned: each agent's own client, one keep-alive connection to one replica (a client library's
+  pool behind an L4 load balancer, Kubernetes' Service): the connection stays on one process;
 - spread: every call to a random replica on a new connection (an L7 balancer that spreads each
   request): 11 of 12 continuations land on another process, where only the store lookup of
   gateway/trajectories/parents.py finds the run.
 
-A miss is a run whose second call was served by another version than its first. Each shape runs
-with the second call sent at once after the first answer and after 0.5 s (an agent's tool time).
+Four prompts repeat. Each shape runs twice: with answers that differ from run to run, as sampled
+text does ("correct #17"), and with answers that repeat ("correct"), where two runs of one prompt
+are the same conversation and content alone cannot say which of them a second call continues.
+
+Two figures per row:
+
+- client misses: runs whose second call another version served than the first (what the agent
+  saw). Where answers repeat, the gateway may join the second call to another run with the same
+  content, which the client counts as a miss although every recorded run stays on one version;
+- recorded mixed runs: runs as stored (after the shipper's stitching) whose calls two versions
+  served: what the canary's arms and the learner see.
+
+Each shape runs with the second call sent at once after the first answer and after 0.5 s (an
+agent's tool time).
 
     python -m bench.canary_stickiness            # writes docs/benchmarks.md
     python -m bench.canary_stickiness --runs 40 --no-write
@@ -58,8 +70,14 @@ def drop_database(name: str) -> None:
         connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-async def one_run(urls: list[str], pinned: httpx.AsyncClient | None, think_s: float, rng: random.Random) -> tuple:
-    """Two calls of one run; returns (first version, second version, second call's latency)."""
+async def one_run(
+    clients: list[httpx.AsyncClient], pinned: httpx.AsyncClient | None, think_s: float, rng: random.Random
+) -> tuple:
+    """Two calls of one run; returns (first version, second version, second call's latency).
+
+    Spread calls go to a random replica on a connection of their own (`Connection: close`), from
+    clients made beforehand: a client made per call would time its own set-up (an SSL context,
+    tens of milliseconds of CPU), not the gateway."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {rng.randrange(4)}"}]
     served, latency = [], 0.0
     for turn in range(2):
@@ -68,8 +86,7 @@ async def one_run(urls: list[str], pinned: httpx.AsyncClient | None, think_s: fl
         if pinned is not None:
             response = await pinned.post("/chat/completions", json=body)
         else:
-            async with httpx.AsyncClient(base_url=rng.choice(urls), timeout=120) as fresh:
-                response = await fresh.post("/chat/completions", json=body)
+            response = await rng.choice(clients).post("/chat/completions", json=body, headers={"Connection": "close"})
         latency = time.perf_counter() - started
         response.raise_for_status()
         answer = response.json()
@@ -80,15 +97,42 @@ async def one_run(urls: list[str], pinned: httpx.AsyncClient | None, think_s: fl
     return served[0], served[1], latency
 
 
-async def measure(urls: list[str], runs: int, spread: bool, think_s: float, seed: int) -> dict[str, Any]:
+_MIXED_RUNS = """
+SELECT count(*) FROM (
+    SELECT coalesce(t.merged_into, c.trajectory_id), count(DISTINCT c.adapter_version_id) AS versions
+    FROM calls c JOIN trajectories t ON t.id = c.trajectory_id
+    WHERE c.created_at >= %s
+    GROUP BY 1
+) AS runs WHERE versions > 1
+"""
+
+
+async def recorded_mixed_runs(database_url: str, since: Any, settle_s: float = 1.5) -> int:
+    """Runs stored since `since` whose calls two versions served, once the shipper has stored and
+    stitched everything (a few ship intervals later)."""
+    await asyncio.sleep(settle_s)
+    with psycopg.connect(database_url) as db:
+        row = db.execute(_MIXED_RUNS, (since,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def measure(
+    urls: list[str], database_url: str, runs: int, spread: bool, think_s: float, seed: int
+) -> dict[str, Any]:
     rng = random.Random(seed)
+    with psycopg.connect(database_url) as db:
+        since = db.execute("SELECT now()").fetchone()[0]
     semaphore = asyncio.Semaphore(8)
     clients = [httpx.AsyncClient(base_url=url, timeout=120) for url in urls]
 
     async def bounded(index: int) -> tuple:
-        async with semaphore:
-            pinned = None if spread else clients[index % len(clients)]
-            return await one_run(urls, pinned, think_s, rng)
+        if spread:
+            async with semaphore:
+                return await one_run(clients, None, think_s, rng)
+        # The agent's own client: its one keep-alive connection stays on one process of its replica.
+        async with httpx.AsyncClient(base_url=urls[index % len(urls)], timeout=120) as own:
+            async with semaphore:
+                return await one_run(clients, own, think_s, rng)
 
     results = await asyncio.gather(*(bounded(i) for i in range(runs)))
     for client in clients:
@@ -97,6 +141,7 @@ async def measure(urls: list[str], runs: int, spread: bool, think_s: float, seed
     latencies = sorted(latency * 1000 for _, _, latency in results)
     return {
         "misses": misses,
+        "mixed": await recorded_mixed_runs(database_url, since),
         "runs": runs,
         "canary": sum(first.endswith("-v2") for first, _, _ in results),
         "p50": statistics.median(latencies),
@@ -138,20 +183,24 @@ def main() -> None:
                 gateway.start(timeout=600)
                 gateways.append(gateway)
             urls = [g.base_url for g in gateways]
-            for spread in (False, True):
-                for think_s in (0.0, 0.5):
-                    found = asyncio.run(measure(urls, runs, spread, think_s, seed=len(rows)))
-                    rows.append(
-                        [
-                            "spread (new connection, random replica)" if spread else "pinned (keep-alive)",
-                            f"{think_s:g} s",
-                            found["runs"],
-                            f"{found['canary'] / found['runs']:.0%}",
-                            f"{found['misses']} ({found['misses'] / found['runs']:.1%})",
-                            f"{found['p50']:.1f} / {found['p99']:.1f} ms",
-                        ]
-                    )
-                    print(rows[-1], flush=True)
+            for distinct in (True, False):
+                endpoint.distinct_answers = distinct
+                for spread in (False, True):
+                    for think_s in (0.0, 0.5):
+                        found = asyncio.run(measure(urls, url, runs, spread, think_s, seed=len(rows)))
+                        rows.append(
+                            [
+                                "differ" if distinct else "repeat",
+                                "spread (new connection, random replica)" if spread else "pinned (keep-alive)",
+                                f"{think_s:g} s",
+                                found["runs"],
+                                f"{found['canary'] / found['runs']:.0%}",
+                                f"{found['misses']} ({found['misses'] / found['runs']:.1%})",
+                                f"{found['mixed']} ({found['mixed'] / found['runs']:.1%})",
+                                f"{found['p50']:.1f} / {found['p99']:.1f} ms",
+                            ]
+                        )
+                        print(rows[-1], flush=True)
     finally:
         for gateway in gateways:
             gateway.stop()
@@ -159,14 +208,18 @@ def main() -> None:
     body = (
         f"{machine_line()}\n\nCommand: `python -m bench.canary_stickiness {' '.join(sys.argv[1:])}`\n\n"
         f"{replicas} replicas x {processes} processes, a canary at share 0.5, runs of two calls continued by "
-        "content alone (no ids). A miss: the second call served by another version than the first.\n\n"
+        "content alone (no ids), four prompts that repeat. Client misses: the second call served by "
+        "another version than the first. Recorded mixed runs: stored runs (after stitching) whose calls "
+        "two versions served.\n\n"
         + markdown_table(
             [
+                "answers",
                 "how calls reach the gateways",
                 "before the 2nd call",
                 "runs",
                 "canary arm",
-                "misses",
+                "client misses",
+                "recorded mixed runs",
                 "2nd call p50 / p99",
             ],
             rows,

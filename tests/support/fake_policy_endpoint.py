@@ -5,6 +5,10 @@ It speaks what the promotion job and the gateway need of a vLLM endpoint: chat c
 `/v1/unload_lora_adapter`. Each answer is "correct" or "wrong", drawn with probability
 `base_rates[prompt] + effects[model]` (clipped to [0, 1]): prompts of unequal difficulty, and
 versions whose effect on every prompt is set beforehand. It runs in a thread of the test process.
+
+With `distinct_answers` each answer also carries a number of its own ("correct #17"), as sampled
+text does: two runs of one prompt then differ after their first answer, and a run's next call can
+be told apart from another's by its content alone.
 """
 
 from __future__ import annotations
@@ -21,8 +25,17 @@ from apprentice.processes import free_port
 
 
 class FakePolicyEndpoint:
-    def __init__(self, base_model: str, base_rates: dict[str, float], effects: dict[str, float], seed: int = 0) -> None:
+    def __init__(
+        self,
+        base_model: str,
+        base_rates: dict[str, float],
+        effects: dict[str, float],
+        seed: int = 0,
+        *,
+        distinct_answers: bool = False,
+    ) -> None:
         self.base_model = base_model
+        self.distinct_answers = distinct_answers
         self.base_rates = base_rates
         self.effects = effects
         self.loaded: set[str] = set()
@@ -86,6 +99,8 @@ class FakePolicyEndpoint:
         prompt = body["messages"][0]["content"]
         p = min(1.0, max(0.0, self.base_rates.get(prompt, 0.5) + self.effects.get(model, 0.0)))
         content = "correct" if self.rng.random() < p else "wrong"
+        if self.distinct_answers:
+            content += f" #{sum(self.served.values())}"
         return web.json_response(
             {
                 "id": f"chatcmpl-{self.rng.getrandbits(64):x}",
