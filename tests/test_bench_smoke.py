@@ -44,6 +44,8 @@ BENCHES: list[tuple[str, list[str]]] = [
 NOT_SMOKED = {
     "learning_efficiency": "trains SmolLM2 for minutes by design (product loop beside a bare loop); no quick mode yet",
     "distillation_efficiency": "built on learning_efficiency's loops: minutes of training per arm",
+    "sigterm_stress": "starts the training command again and again by design (half a minute even with --quick); "
+    "tests/learner/test_distributed_launchers.py signals one run in the suite",
     "soak": "a trend over tens of minutes of traffic through `apprentice up`; nothing to see in seconds",
 }
 LIBRARIES = {"harness", "loadgen", "report", "stats", "side_by_side", "soak_probe", "soak_trend", "priority_endpoint"}
