@@ -171,10 +171,10 @@ def main() -> None:
     parser.add_argument("--nice", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None, help="training threads (default: half the cores)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="a smoke run: one step of 32 sequences, a 2 s window")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one step of 8 sequences, a 2 s window")
     args = parser.parse_args()
     if args.quick:
-        args.samples, args.window, args.max_tokens = 32, 2.0, 4  # one optimizer step (32 a step)
+        args.samples, args.window, args.max_tokens = 8, 2.0, 4  # one small optimizer step
     if args.model is None:
         from learner.models import fetch_default_model
 
