@@ -107,11 +107,21 @@ SELECT count(*) FROM (
 """
 
 
-async def recorded_mixed_runs(database_url: str, since: Any, settle_s: float = 1.5) -> int:
-    """Runs stored since `since` whose calls two versions served, once the shipper has stored and
-    stitched everything (a few ship intervals later)."""
-    await asyncio.sleep(settle_s)
-    with psycopg.connect(database_url) as db:
+_SETTLED = """
+SELECT count(*), count(*) FILTER (WHERE stitch_pending) FROM calls WHERE created_at >= %s
+"""
+
+
+async def recorded_mixed_runs(database_url: str, since: Any, calls: int, timeout_s: float = 30.0) -> int:
+    """Runs stored since `since` whose calls two versions served, once the shipper has stored all
+    `calls` and stitched every call that waited for its parent."""
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(database_url, autocommit=True) as db:
+        while True:
+            stored, pending = db.execute(_SETTLED, (since,)).fetchone()
+            if (stored >= calls and pending == 0) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
         row = db.execute(_MIXED_RUNS, (since,)).fetchone()
     return int(row[0]) if row else 0
 
@@ -141,7 +151,7 @@ async def measure(
     latencies = sorted(latency * 1000 for _, _, latency in results)
     return {
         "misses": misses,
-        "mixed": await recorded_mixed_runs(database_url, since),
+        "mixed": await recorded_mixed_runs(database_url, since, 2 * runs),
         "runs": runs,
         "canary": sum(first.endswith("-v2") for first, _, _ in results),
         "p50": statistics.median(latencies),
