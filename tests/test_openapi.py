@@ -222,6 +222,32 @@ def test_each_streamed_event_carries_its_protocols_json_or_done_as_its_data():
         assert not fuzzer[path]["POST"].is_valid_response(_stream(path, body)), path
 
 
+def _integer_bounds(node: Any, path: str = "") -> list[tuple[str, float]]:
+    """Every `minimum`/`maximum` of an integer schema in a schema document, with where it is."""
+    found: list[tuple[str, float]] = []
+    if isinstance(node, dict):
+        if node.get("type") == "integer":
+            found += [(f"{path}/{key}", node[key]) for key in ("minimum", "maximum") if key in node]
+        for key, value in node.items():
+            found += _integer_bounds(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += _integer_bounds(value, f"{path}/{index}")
+    return found
+
+
+def test_every_integer_bound_is_a_64_bit_integer_as_the_document_writes_it():
+    """The document writes its bounds as JSON numbers that readers take as doubles: the chat seed's
+    maximum 2**63 - 1 came out as 9.223372036854776e+18, which is 2**63, and a fuzzer (schemathesis,
+    seed 306907011) sent 9223372036854776000 as a valid seed, which the upstream refuses. Every
+    integer bound, as written, must be an integer of 64 bits."""
+    document = json.loads(json.dumps(_app().fastapi.openapi()))
+    bounds = _integer_bounds(document)
+    assert any("seed" in path for path, _ in bounds)
+    wrong = [(path, value) for path, value in bounds if value != int(value) or not -(2**63) <= value < 2**63]
+    assert not wrong, wrong
+
+
 def test_documentation_never_routes_a_request():
     """GatewayApp gives FastAPI a /v1/* request whenever one of its routes matches the path: a
     documented operation must not be one, whatever the method, or the passthrough and the hot
