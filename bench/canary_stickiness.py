@@ -46,28 +46,13 @@ from typing import Any
 import httpx
 import psycopg
 
-from apprentice.store.schema import upgrade
+from bench.harness import scratch_database
 from bench.report import machine_line, markdown_table, write_section
 from tests.support.fake_policy_endpoint import FakePolicyEndpoint
 from tests.support.processes import GatewayProcess
 
 SECTION_TITLE = "Canary stickiness: a run's calls across 3 replicas x 4 processes"
-ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 REPLICAS, PROCESSES = 3, 4
-
-
-def scratch_database() -> tuple[str, str]:
-    name = f"apprentice_bench_sticky_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    upgrade(url)
-    return name, url
-
-
-def drop_database(name: str) -> None:
-    with psycopg.connect(ADMIN_URL, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def one_run(
@@ -167,54 +152,53 @@ def main() -> None:
     args = parser.parse_args()
     replicas, processes = (1, 2) if args.quick else (REPLICAS, PROCESSES)
     runs = 10 if args.quick else args.runs
-    name, url = scratch_database()
-    work = Path(tempfile.mkdtemp(prefix="apprentice-sticky-"))
-    gateways: list[GatewayProcess] = []
-    rows = []
-    try:
-        with psycopg.connect(url, autocommit=True) as db:
-            for number, status, share in ((1, "promoted", None), (2, "canary", 0.5)):
-                db.execute(
-                    "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, canary_share)"
-                    " VALUES (%s, 'agent', %s, %s, %s, 'base', '/nowhere', %s)",
-                    (uuid.uuid4(), number, f"agent-v{number}", status, share),
-                )
-        with FakePolicyEndpoint("base", {}, {}) as endpoint:
-            endpoint.loaded.update({"agent-v1", "agent-v2"})
-            for replica in range(replicas):
-                config = {
-                    "database_url": url,
-                    "data_dir": str(work / f"replica-{replica}"),
-                    "auth": {"mode": "open"},
-                    "adapter_poll_interval_s": 0.5,
-                    "policies": [{"name": "agent", "base_model": "base", "endpoints": [endpoint.api_base]}],
-                }
-                gateway = GatewayProcess(work, config, workers=processes)
-                gateway.start(timeout=600)
-                gateways.append(gateway)
-            urls = [g.base_url for g in gateways]
-            for distinct in (True, False):
-                endpoint.distinct_answers = distinct
-                for spread in (False, True):
-                    for think_s in (0.0, 0.5):
-                        found = asyncio.run(measure(urls, url, runs, spread, think_s, seed=len(rows)))
-                        rows.append(
-                            [
-                                "differ" if distinct else "repeat",
-                                "spread (new connection, random replica)" if spread else "pinned (keep-alive)",
-                                f"{think_s:g} s",
-                                found["runs"],
-                                f"{found['canary'] / found['runs']:.0%}",
-                                f"{found['misses']} ({found['misses'] / found['runs']:.1%})",
-                                f"{found['mixed']} ({found['mixed'] / found['runs']:.1%})",
-                                f"{found['p50']:.1f} / {found['p99']:.1f} ms",
-                            ]
-                        )
-                        print(rows[-1], flush=True)
-    finally:
-        for gateway in gateways:
-            gateway.stop()
-        drop_database(name)
+    with scratch_database("apprentice_bench_sticky") as url:
+        work = Path(tempfile.mkdtemp(prefix="apprentice-sticky-"))
+        gateways: list[GatewayProcess] = []
+        rows = []
+        try:
+            with psycopg.connect(url, autocommit=True) as db:
+                for number, status, share in ((1, "promoted", None), (2, "canary", 0.5)):
+                    db.execute(
+                        "INSERT INTO adapter_versions (id, policy, version, name, status, base_model, path, "
+                        "canary_share) VALUES (%s, 'agent', %s, %s, %s, 'base', '/nowhere', %s)",
+                        (uuid.uuid4(), number, f"agent-v{number}", status, share),
+                    )
+            with FakePolicyEndpoint("base", {}, {}) as endpoint:
+                endpoint.loaded.update({"agent-v1", "agent-v2"})
+                for replica in range(replicas):
+                    config = {
+                        "database_url": url,
+                        "data_dir": str(work / f"replica-{replica}"),
+                        "auth": {"mode": "open"},
+                        "adapter_poll_interval_s": 0.5,
+                        "policies": [{"name": "agent", "base_model": "base", "endpoints": [endpoint.api_base]}],
+                    }
+                    gateway = GatewayProcess(work, config, workers=processes)
+                    gateway.start(timeout=600)
+                    gateways.append(gateway)
+                urls = [g.base_url for g in gateways]
+                for distinct in (True, False):
+                    endpoint.distinct_answers = distinct
+                    for spread in (False, True):
+                        for think_s in (0.0, 0.5):
+                            found = asyncio.run(measure(urls, url, runs, spread, think_s, seed=len(rows)))
+                            rows.append(
+                                [
+                                    "differ" if distinct else "repeat",
+                                    "spread (new connection, random replica)" if spread else "pinned (keep-alive)",
+                                    f"{think_s:g} s",
+                                    found["runs"],
+                                    f"{found['canary'] / found['runs']:.0%}",
+                                    f"{found['misses']} ({found['misses'] / found['runs']:.1%})",
+                                    f"{found['mixed']} ({found['mixed'] / found['runs']:.1%})",
+                                    f"{found['p50']:.1f} / {found['p99']:.1f} ms",
+                                ]
+                            )
+                            print(rows[-1], flush=True)
+        finally:
+            for gateway in gateways:
+                gateway.stop()
     body = (
         f"{machine_line()}\n\nCommand: `python -m bench.canary_stickiness {' '.join(sys.argv[1:])}`\n\n"
         f"{replicas} replicas x {processes} processes, a canary at share 0.5, runs of two calls continued by "
