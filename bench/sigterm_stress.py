@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -80,8 +81,7 @@ class Trial:
             self.lines.append(raw.decode(errors="replace").rstrip())
 
     def run(self) -> dict:
-        run_id = f"{random.getrandbits(128):032x}"
-        run_id = f"{run_id[:8]}-{run_id[8:12]}-{run_id[12:16]}-{run_id[16:20]}-{run_id[20:]}"
+        run_id = str(uuid.uuid4())
         command = [sys.executable, "-m", "learner.jobs.one_run", "--config", str(self.config), "--policy", "p"]
         command += ["--run-id", run_id, "--no-progress"]
         started = time.monotonic()

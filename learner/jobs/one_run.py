@@ -176,11 +176,17 @@ def exit_stopped(settings: Settings, run_id: str) -> NoReturn:
                 log.error("run %s: stopped by SIGTERM; its row says so", run_id)
         except Exception:
             log.exception("run %s: stopped by SIGTERM, and its row could not be closed (the next run will)", run_id)
+    end_process(SIGTERM_STATUS)
+
+
+def end_process(code: int) -> NoReturn:
+    """Flush the logs and the standard streams, then end the process with `code` without tearing
+    the interpreter down (see the module docstring)."""
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(SIGTERM_STATUS)
+    os._exit(code)
 
 
 @click.command("learn")
@@ -271,11 +277,7 @@ def main() -> NoReturn:
     except Terminated:  # raised while the command was already on its way out
         code = SIGTERM_STATUS
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    end_process(code)
 
 
 if __name__ == "__main__":
