@@ -65,7 +65,8 @@ SHAPES = [
 ]
 
 
-def _comparison(sequence: EffectSequence, arms: list[int], alpha: float) -> ev.Comparison:
+def comparison(sequence: EffectSequence, arms: list[int], alpha: float) -> ev.Comparison:
+    """The promotion job's Comparison of one sequence (insufficient before MIN_SAMPLES an arm)."""
     stats = ev.ArmStats(arms[1], None, None), ev.ArmStats(arms[0], None, None)
     if min(arms) < MIN_SAMPLES:
         return ev.Comparison(*stats, "sequential", 1 - alpha, MIN_SAMPLES, ev.INSUFFICIENT)
@@ -106,8 +107,8 @@ def replicate(shape: Shape, gain: float, rng: random.Random) -> tuple[str, int]:
                 newest.add(unit)
                 newest_arms[unit.canary] += 1
         decision = ev.decide_lineage(
-            _comparison(lineage, lineage_arms, lineage_alpha),
-            _comparison(newest, newest_arms, ev.alpha_split(ALPHA, newest_index=version)[1]),
+            comparison(lineage, lineage_arms, lineage_alpha),
+            comparison(newest, newest_arms, ev.alpha_split(ALPHA, newest_index=version)[1]),
             mode="automatic",
             elapsed_s=now,
             timeout_s=math.inf,

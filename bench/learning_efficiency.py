@@ -49,6 +49,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -509,6 +510,31 @@ def exploration_spend(gateway_url: str, client_answers: int, scored: int) -> str
     )
 
 
+def promotion_timeline(gateway_url: str, traffic_started: datetime) -> str:
+    """When each version was promoted, and how far the lineage had gone by then (the lag).
+
+    Read from the admin API at the end: each ever-promoted version's `promoted` transition,
+    and the newest version created before it (the lineage's head when it was promoted)."""
+    listed = httpx.get(f"{gateway_url}/v1/admin/policies/{POLICY}/versions", timeout=30).json()["data"]
+    created = sorted((datetime.fromisoformat(v["created_at"]), v["version"]) for v in listed)
+    events = []
+    for version in listed:
+        if version["status"] not in ("promoted", "retired"):
+            continue
+        detail = httpx.get(f"{gateway_url}/v1/admin/versions/{version['id']}", timeout=30).json()
+        for transition in detail["transitions"]:
+            if transition["to_status"] == "promoted":
+                at = datetime.fromisoformat(transition["created_at"])
+                newest = max((number for when, number in created if when <= at), default=version["version"])
+                events.append((at, version["version"], newest))
+    rejected = sum(v["status"] == "rejected" for v in listed)
+    steps = [
+        f"v{number} at {(at - traffic_started).total_seconds() / 60:.1f} min (newest then v{newest})"
+        for at, number, newest in sorted(events)
+    ]
+    return f"promotions: {', '.join(steps) or 'none'}; {len(listed)} versions, {rejected} rejected"
+
+
 def run_product(
     task: Task, traffic: str, samples: int, rate: float, settle_s: float, seed: int, keep: bool = False
 ) -> LoopResult:
@@ -541,14 +567,18 @@ def run_product(
         base_name = "HuggingFaceTB/SmolLM2-135M-Instruct"
         before = asyncio.run(evaluate_served(model_url, base_name, task))
         log(f"product {task.name}: base {before.text()}; traffic at {rate:.2f} samples/s")
-        started = time.monotonic()
+        started, traffic_started = time.monotonic(), datetime.now(timezone.utc)
         asyncio.run(drive(f"{gateway_url}/v1", task, traffic, samples, rate, seed))
         time.sleep(settle_s)  # the last rewards' groups, the canary's last verdict
         wall = time.monotonic() - started
         policy = serving(gateway_url)
         promoted = (policy.get("promoted") or {}).get("name")
         head_name = (policy.get("lineage_head") or {}).get("name")
-        notes = [f"promoted at the end: {promoted or 'none (base model)'}", f"lineage head: {head_name or 'base'}"]
+        notes = [
+            f"promoted at the end: {promoted or 'none (base model)'}",
+            f"lineage head: {head_name or 'base'}",
+            promotion_timeline(gateway_url, traffic_started),
+        ]
         after = before if promoted is None else asyncio.run(evaluate_served(model_url, promoted, task))
         canary = (policy.get("canary") or {}).get("name")
         if canary:

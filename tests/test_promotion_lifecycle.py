@@ -348,9 +348,48 @@ def test_the_learner_scheduler_runs_the_promotion_job(db, database_url):
 
     learner = Learner(settings_for(database_url), database_url=database_url, promotion_interval_s=30)
     assert "promotion" in {job.id for job in learner.build(blocking=False).get_jobs()}
+    assert "verdict" not in {job.id for job in learner.build(blocking=False).get_jobs()}
     diverged = add_version(db, 1, run=add_run(db, loss=float("inf")))
     report = learner.promote()
     assert report is not None and status_of(db, diverged) == "rejected"
+    often = Learner(
+        settings_for(database_url), database_url=database_url, promotion_interval_s=30, verdict_interval_s=5
+    )
+    jobs = {job.id: job for job in often.build(blocking=False).get_jobs()}
+    assert jobs["verdict"].trigger.interval.total_seconds() == 5 and jobs["verdict"].kwargs == {"verdicts_only": True}
+    # no promotion pass here, no verdict pass either: the process that runs promotion looks
+    alone = Learner(settings_for(database_url), database_url=database_url, verdict_interval_s=5)
+    assert not {"promotion", "verdict"} & {job.id for job in alone.build(blocking=False).get_jobs()}
+
+
+async def test_the_verdict_pass_decides_the_canary_and_touches_nothing_else(db, engine, vllm, database_url):
+    """Between full passes the learner looks at the canary's verdict alone, every few seconds:
+    a canary whose lineage is better is promoted by it; gates, canary moves, the reconciler and
+    retention wait for the full pass, and a pass that finds nothing to decide logs quietly."""
+    fake, client = vllm
+    rng = random.Random(7)
+    settings = settings_for(database_url)
+    incumbent = add_version(db, 1, status="promoted")
+    fake.loaded["agent-v1"] = adapter_path(1)
+    canary = add_version(db, 2, run=add_run(db))
+    await tick.promotion_tick(engine, settings, client=client)
+    assert status_of(db, canary) == "canary"
+    newer = add_version(db, 3, run=add_run(db))  # trained meanwhile: only a full pass moves the canary to it
+
+    waiting = await tick.promotion_tick(engine, settings, client=client, verdicts_only=True)
+    assert [a["action"] for a in waiting.actions] == ["evaluating"] and waiting.quiet >= {"evaluating", "skipped"}
+    assert (status_of(db, canary), status_of(db, newer)) == ("canary", "candidate")
+
+    add_rewarded(db, canary, [rng.uniform(0.6, 1.0) for _ in range(60)])
+    add_rewarded(db, incumbent, [rng.uniform(0.0, 0.4) for _ in range(60)])
+    report = await tick.promotion_tick(engine, settings, client=client, verdicts_only=True)
+    assert [a["action"] for a in report.actions] == ["promoted"], report.actions
+    assert (status_of(db, canary), status_of(db, incumbent), status_of(db, newer)) == (
+        "promoted",
+        "retired",
+        "candidate",
+    )
+    assert "agent-v3" not in fake.loaded, "the verdict pass loads no new canary"
 
 
 async def test_reconciler_unload_cannot_undo_a_concurrent_rollback(db, engine, database_url):

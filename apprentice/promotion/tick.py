@@ -77,8 +77,14 @@ async def promotion_tick(
     client: httpx.AsyncClient | None = None,
     now: datetime | None = None,
     policies: list[str] | None = None,
+    verdicts_only: bool = False,
 ) -> TickReport:
     """One pass of the promotion job over every configured policy (or only `policies`).
+
+    `verdicts_only`: only step 2, the canary's evaluation and its automatic verdict (the
+    learner's verdict pass, every few seconds: the sequential test is valid at every look, so
+    looking more often costs no false verdicts and a lineage that has become better is promoted
+    seconds after its evidence suffices, not at the next full pass).
 
     Call it periodically (the learner's scheduler does, every 30 s by default, and right
     after a run produced a candidate). Several processes may call it at once: each policy is
@@ -90,7 +96,7 @@ async def promotion_tick(
     wrote every timestamp the job compares with; a test that wants to be past a grace period
     passes `database_now(engine) + grace`.
     """
-    report = TickReport()
+    report = TickReport(quiet=frozenset({"skipped", "evaluating", "awaiting_review"}) if verdicts_only else frozenset())
     own = client is None
     client = client or httpx.AsyncClient(timeout=120.0)
     try:
@@ -98,7 +104,8 @@ async def promotion_tick(
             if policies is not None and policy.name not in policies:
                 continue
             try:
-                await _tick_policy_once(engine, settings, policy, report, client, now or await database_now(engine))
+                when = now or await database_now(engine)
+                await _tick_policy_once(engine, settings, policy, report, client, when, verdicts_only)
             except Exception as exc:  # one policy's trouble must not stop the others
                 log.exception("promotion tick failed for policy %s", policy.name)
                 report.errors.append(f"{policy.name}: {type(exc).__name__}: {exc}")
@@ -115,6 +122,7 @@ async def _tick_policy_once(
     report: TickReport,
     client: httpx.AsyncClient,
     now: datetime,
+    verdicts_only: bool = False,
 ) -> None:
     """`_PolicyPass` under the policy's advisory lock; skipped while another process holds it."""
     key = f"apprentice.promotion.{policy.name}"
@@ -127,7 +135,8 @@ async def _tick_policy_once(
         try:
             async with engine.connect() as connection:
                 paused = await lifecycle.learning_paused(connection, policy.name)
-            await _PolicyPass(engine, settings, policy, report, client, now, paused).run()
+            policy_pass = _PolicyPass(engine, settings, policy, report, client, now, paused)
+            await (policy_pass.judge_canary() if verdicts_only else policy_pass.run())
         finally:
             try:
                 await lock_connection.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
@@ -137,17 +146,17 @@ async def _tick_policy_once(
                     raise
 
 
-def run_promotion_tick(settings: Settings, database_url: str, *, policies: list[str] | None = None) -> TickReport:
+def run_promotion_tick(
+    settings: Settings, database_url: str, *, policies: list[str] | None = None, verdicts_only: bool = False
+) -> TickReport:
     """`promotion_tick` for synchronous callers (the learner's scheduler threads): its own
     event loop and a small engine, disposed afterwards."""
-    import asyncio
-
     from apprentice.store.engine import make_async_engine
 
     async def once() -> TickReport:
         engine = make_async_engine(database_url, pool_size=2, max_overflow=2)
         try:
-            return await promotion_tick(engine, settings, policies=policies)
+            return await promotion_tick(engine, settings, policies=policies, verdicts_only=verdicts_only)
         finally:
             await engine.dispose()
 

@@ -15,7 +15,11 @@ __all__ = ["TickReport"]
 class TickReport:
     actions: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Actions recorded but logged at DEBUG: the frequent verdict pass says "still evaluating"
+    # or "skipped" every few seconds, which would bury the transitions in the log.
+    quiet: frozenset[str] = frozenset()
 
     def add(self, policy: str, version: str | None, action: str, detail: str = "") -> None:
         self.actions.append({"policy": policy, "version": version, "action": action, "detail": detail})
-        log.info("promotion: %s %s %s %s", policy, version or "-", action, detail)
+        level = logging.DEBUG if action in self.quiet else logging.INFO
+        log.log(level, "promotion: %s %s %s %s", policy, version or "-", action, detail)

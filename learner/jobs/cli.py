@@ -27,6 +27,14 @@ from learner.jobs.one_run import learn_command as learn_command
     help="Seconds between promotion passes (gates, canaries, endpoints, retention); 0: none here.",
 )
 @click.option(
+    "--verdict-interval",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds between looks at the canary's verdict alone, between promotion passes (the sequential "
+    "test holds at every look); 0: only in the promotion passes.",
+)
+@click.option(
     "--nice",
     "niceness",
     type=click.IntRange(0, 19),
@@ -37,7 +45,12 @@ from learner.jobs.one_run import learn_command as learn_command
 )
 @click.option("--log-level", default="info", show_default=True)
 def learner_command(
-    config_path: str | None, policies: tuple[str, ...], promotion_interval: float, niceness: int, log_level: str
+    config_path: str | None,
+    policies: tuple[str, ...],
+    promotion_interval: float,
+    verdict_interval: float,
+    niceness: int,
+    log_level: str,
 ) -> None:
     """Run the learner service: each policy on its schedule and its new-groups trigger."""
     from learner.jobs.scheduler import Learner
@@ -47,7 +60,12 @@ def learner_command(
         os.nice(niceness)  # the whole learner process (training and promotion ticks) yields to serving
     settings = load(config_path)
     try:
-        learner = Learner(settings, list(policies) or None, promotion_interval_s=promotion_interval or None)
+        learner = Learner(
+            settings,
+            list(policies) or None,
+            promotion_interval_s=promotion_interval or None,
+            verdict_interval_s=verdict_interval or None,
+        )
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     for policy in learner.policies:

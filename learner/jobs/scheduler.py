@@ -26,7 +26,10 @@ its versions is promoted (the takeover), its runs are RL runs as for any policy.
 Promotion (`apprentice.promotion.tick.promotion_tick`: gates, canary start, canary verdict,
 reconciling the endpoints, retention) runs every `promotion_interval_s` on its own thread, so
 that a long training run does not hold up a canary's verdict, and right after a run produced
-a candidate.
+a candidate. The canary's verdict alone runs every `verdict_interval_s` (5 s from the CLI) on a
+third thread: the sequential test holds at every look, and a full pass can hold the policy for
+tens of seconds while a busy inference server loads or unloads adapters (a live loop's lineage
+waited 42 s between two looks, past the unit that decided it).
 """
 
 from __future__ import annotations
@@ -57,10 +60,13 @@ class Learner:
         policies: list[str] | None = None,
         database_url: str | None = None,
         promotion_interval_s: float | None = None,
+        verdict_interval_s: float | None = None,
     ) -> None:
         self.settings = settings
         # None: this learner does not run the promotion job (another process does, or nobody).
         self.promotion_interval_s = promotion_interval_s
+        # The canary's verdict alone, between the promotion passes (only where those run here).
+        self.verdict_interval_s = verdict_interval_s if promotion_interval_s else None
         names = policies or [p.name for p in settings.policies]
         self.policies: list[PolicySettings] = []
         for name in names:
@@ -102,12 +108,13 @@ class Learner:
         )
         return outcome
 
-    def promote(self, policies: list[str] | None = None) -> Any:
-        """One pass of the promotion job; its failures are logged, never raised into the scheduler."""
+    def promote(self, policies: list[str] | None = None, verdicts_only: bool = False) -> Any:
+        """One pass of the promotion job (or of its canary verdicts alone); its failures are
+        logged, never raised into the scheduler."""
         from apprentice.promotion.tick import run_promotion_tick
 
         try:
-            report = run_promotion_tick(self.settings, self.url, policies=policies)
+            report = run_promotion_tick(self.settings, self.url, policies=policies, verdicts_only=verdicts_only)
         except Exception:
             log.exception("promotion tick failed")
             return None
@@ -156,7 +163,11 @@ class Learner:
         logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
         cls = BlockingScheduler if blocking else BackgroundScheduler
         scheduler = cls(
-            executors={"default": ThreadPoolExecutor(1), "promotion": ThreadPoolExecutor(1)},
+            executors={
+                "default": ThreadPoolExecutor(1),
+                "promotion": ThreadPoolExecutor(1),
+                "verdict": ThreadPoolExecutor(1),
+            },
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
         for policy in self.policies:
@@ -192,6 +203,17 @@ class Learner:
                 name="promotion (gates, canaries, endpoints, retention)",
                 executor="promotion",
                 next_run_time=datetime.now(timezone.utc),
+            )
+        if self.verdict_interval_s:
+            # A pass holds the policy's advisory lock while it loads and unloads adapters (seconds
+            # to tens of seconds on a busy inference server); the verdict pass then skips, quietly.
+            scheduler.add_job(
+                self.promote,
+                IntervalTrigger(seconds=self.verdict_interval_s),
+                kwargs={"verdicts_only": True},
+                id="verdict",
+                name="canary verdict",
+                executor="verdict",
             )
         self.scheduler = scheduler
         return scheduler
