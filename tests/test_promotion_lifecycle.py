@@ -15,6 +15,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from apprentice.promotion import actions, lifecycle, listing, policies, reconcile, tick
@@ -348,48 +349,65 @@ def test_the_learner_scheduler_runs_the_promotion_job(db, database_url):
 
     learner = Learner(settings_for(database_url), database_url=database_url, promotion_interval_s=30)
     assert "promotion" in {job.id for job in learner.build(blocking=False).get_jobs()}
-    assert "verdict" not in {job.id for job in learner.build(blocking=False).get_jobs()}
+    assert "lineage" not in {job.id for job in learner.build(blocking=False).get_jobs()}
     diverged = add_version(db, 1, run=add_run(db, loss=float("inf")))
     report = learner.promote()
     assert report is not None and status_of(db, diverged) == "rejected"
     often = Learner(
-        settings_for(database_url), database_url=database_url, promotion_interval_s=30, verdict_interval_s=5
+        settings_for(database_url), database_url=database_url, promotion_interval_s=30, lineage_interval_s=5
     )
     jobs = {job.id: job for job in often.build(blocking=False).get_jobs()}
-    assert jobs["verdict"].trigger.interval.total_seconds() == 5 and jobs["verdict"].kwargs == {"verdicts_only": True}
-    # no promotion pass here, no verdict pass either: the process that runs promotion looks
-    alone = Learner(settings_for(database_url), database_url=database_url, verdict_interval_s=5)
-    assert not {"promotion", "verdict"} & {job.id for job in alone.build(blocking=False).get_jobs()}
+    assert jobs["lineage"].trigger.interval.total_seconds() == 5 and jobs["lineage"].kwargs == {"lineage_only": True}
+    # no promotion pass here, no lineage pass either: the process that runs promotion does both
+    alone = Learner(settings_for(database_url), database_url=database_url, lineage_interval_s=5)
+    assert not {"promotion", "lineage"} & {job.id for job in alone.build(blocking=False).get_jobs()}
 
 
-async def test_the_verdict_pass_decides_the_canary_and_touches_nothing_else(db, engine, vllm, database_url):
-    """Between full passes the learner looks at the canary's verdict alone, every few seconds:
-    a canary whose lineage is better is promoted by it; gates, canary moves, the reconciler and
-    retention wait for the full pass, and a pass that finds nothing to decide logs quietly."""
+async def test_the_lineage_pass_moves_and_decides_the_canary_and_leaves_the_endpoints_alone(
+    db, engine, vllm, database_url
+):
+    """Between full passes the learner runs the lineage's steps alone, every few seconds: a new
+    candidate becomes the canary and a lineage that is better is promoted by it, while the
+    endpoints' unloads (tens of seconds on a busy server) wait for the full pass, under a lock of
+    their own, so that a full pass unloading never holds a verdict up."""
     fake, client = vllm
     rng = random.Random(7)
-    settings = settings_for(database_url)
-    incumbent = add_version(db, 1, status="promoted")
-    fake.loaded["agent-v1"] = adapter_path(1)
-    canary = add_version(db, 2, run=add_run(db))
-    await tick.promotion_tick(engine, settings, client=client)
-    assert status_of(db, canary) == "canary"
-    newer = add_version(db, 3, run=add_run(db))  # trained meanwhile: only a full pass moves the canary to it
+    settings = settings_for(database_url, unload_grace_s=0)
+    old = add_version(db, 1, status="rejected")
+    fake.loaded["agent-v1"] = adapter_path(1)  # stopped serving long ago: the endpoints' step unloads it
+    incumbent = add_version(db, 2, status="promoted")
+    fake.loaded["agent-v2"] = adapter_path(2)
+    canary = add_version(db, 3, run=add_run(db))
 
-    waiting = await tick.promotion_tick(engine, settings, client=client, verdicts_only=True)
-    assert [a["action"] for a in waiting.actions] == ["evaluating"] and waiting.quiet >= {"evaluating", "skipped"}
-    assert (status_of(db, canary), status_of(db, newer)) == ("canary", "candidate")
+    waiting = await tick.promotion_tick(engine, settings, client=client, lineage_only=True)
+    assert status_of(db, canary) == "canary" and "agent-v1" in fake.loaded, "no unload in a lineage pass"
+    assert waiting.quiet >= {"evaluating", "skipped"}
 
     add_rewarded(db, canary, [rng.uniform(0.6, 1.0) for _ in range(60)])
     add_rewarded(db, incumbent, [rng.uniform(0.0, 0.4) for _ in range(60)])
-    report = await tick.promotion_tick(engine, settings, client=client, verdicts_only=True)
-    assert [a["action"] for a in report.actions] == ["promoted"], report.actions
-    assert (status_of(db, canary), status_of(db, incumbent), status_of(db, newer)) == (
-        "promoted",
+    newer = add_version(db, 4, run=add_run(db))  # trained meanwhile: the canary follows it, then the verdict
+    report = await tick.promotion_tick(engine, settings, client=client, lineage_only=True)
+    assert [a["action"] for a in report.actions] == ["canary", "promoted"], report.actions
+    assert [status_of(db, v) for v in (old, incumbent, canary, newer)] == [
+        "rejected",
         "retired",
         "candidate",
-    )
-    assert "agent-v3" not in fake.loaded, "the verdict pass loads no new canary"
+        "promoted",
+    ]
+    assert "agent-v1" in fake.loaded
+
+    # A full pass while another process holds the endpoints' lock (unloading on a slow server):
+    # the lineage's steps run, the endpoints' are skipped, not waited for.
+    newest = add_version(db, 5, run=add_run(db))
+    with psycopg.connect(database_url, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtext('apprentice.promotion.endpoints.agent'))")
+        report = await tick.promotion_tick(engine, settings, client=client)
+    assert status_of(db, newest) == "canary" and "agent-v1" in fake.loaded
+    assert ("skipped", "another process holds apprentice.promotion.endpoints.agent") in {
+        (a["action"], a["detail"]) for a in report.actions
+    }
+    await tick.promotion_tick(engine, settings, client=client)
+    assert "agent-v1" not in fake.loaded, "the next full pass unloads it"
 
 
 async def test_reconciler_unload_cannot_undo_a_concurrent_rollback(db, engine, database_url):

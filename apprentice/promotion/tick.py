@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -77,26 +78,30 @@ async def promotion_tick(
     client: httpx.AsyncClient | None = None,
     now: datetime | None = None,
     policies: list[str] | None = None,
-    verdicts_only: bool = False,
+    lineage_only: bool = False,
 ) -> TickReport:
     """One pass of the promotion job over every configured policy (or only `policies`).
 
-    `verdicts_only`: only step 2, the canary's evaluation and its automatic verdict (the
-    learner's verdict pass, every few seconds: the sequential test is valid at every look, so
-    looking more often costs no false verdicts and a lineage that has become better is promoted
-    seconds after its evidence suffices, not at the next full pass).
-
-    Call it periodically (the learner's scheduler does, every 30 s by default, and right
-    after a run produced a candidate). Several processes may call it at once: each policy is
-    handled by one of them at a time (advisory lock), and every transition is a locked,
-    idempotent transaction anyway. Returns what it did (`TickReport.actions`) and what
+    Call it periodically (the learner's scheduler does, every 30 s by default). Several
+    processes may call it at once: each policy's steps 1-2 (the lineage: gates, the canary,
+    the verdict) are handled by one of them at a time under one advisory lock, its steps 3-5
+    (the endpoints, the adapter store, retention) under another, and every transition is a
+    locked, idempotent transaction anyway. Returns what it did (`TickReport.actions`) and what
     failed (`TickReport.errors`); it raises only for programming errors.
+
+    `lineage_only`: steps 1-2 alone (the learner's lineage pass, every few seconds: a new
+    candidate becomes the canary and a lineage whose evidence has become enough is promoted
+    seconds later, the sequential test holding at every look). Two locks, because steps 3-5
+    can take tens of seconds: a busy local inference server answers each unload only after its
+    running batch drains, and a live loop's lineage pass waited 42 s behind them, past the unit
+    that decided its verdict.
 
     `now` is a time on the database's clock (the default: `database_now`), the clock that
     wrote every timestamp the job compares with; a test that wants to be past a grace period
     passes `database_now(engine) + grace`.
     """
-    report = TickReport(quiet=frozenset({"skipped", "evaluating", "awaiting_review"}) if verdicts_only else frozenset())
+    quiet = frozenset({"skipped", "evaluating", "awaiting_review"}) if lineage_only else frozenset()
+    report = TickReport(quiet=quiet)
     own = client is None
     client = client or httpx.AsyncClient(timeout=120.0)
     try:
@@ -105,7 +110,7 @@ async def promotion_tick(
                 continue
             try:
                 when = now or await database_now(engine)
-                await _tick_policy_once(engine, settings, policy, report, client, when, verdicts_only)
+                await _tick_policy_once(engine, settings, policy, report, client, when, lineage_only)
             except Exception as exc:  # one policy's trouble must not stop the others
                 log.exception("promotion tick failed for policy %s", policy.name)
                 report.errors.append(f"{policy.name}: {type(exc).__name__}: {exc}")
@@ -122,21 +127,31 @@ async def _tick_policy_once(
     report: TickReport,
     client: httpx.AsyncClient,
     now: datetime,
-    verdicts_only: bool = False,
+    lineage_only: bool = False,
 ) -> None:
-    """`_PolicyPass` under the policy's advisory lock; skipped while another process holds it."""
-    key = f"apprentice.promotion.{policy.name}"
+    """`_PolicyPass`'s two parts, each under its own advisory lock for the policy; a part is
+    skipped while another process holds its lock (that process is doing it)."""
+    async with engine.connect() as connection:
+        paused = await lifecycle.learning_paused(connection, policy.name)
+    policy_pass = _PolicyPass(engine, settings, policy, report, client, now, paused)
+    await _under_lock(engine, f"apprentice.promotion.{policy.name}", policy.name, report, policy_pass.lineage)
+    if not lineage_only:
+        key = f"apprentice.promotion.endpoints.{policy.name}"
+        await _under_lock(engine, key, policy.name, report, policy_pass.endpoints)
+
+
+async def _under_lock(
+    engine: AsyncEngine, key: str, policy: str, report: TickReport, step: Callable[[], Awaitable[None]]
+) -> None:
+    """Run `step` while holding the session advisory lock `key`; skip it while someone else does."""
     async with engine.connect() as lock_connection:
         got = (await lock_connection.execute(text("SELECT pg_try_advisory_lock(hashtext(:k))"), {"k": key})).scalar()
         await lock_connection.commit()
         if not got:
-            report.add(policy.name, None, "skipped", "another process is handling this policy")
+            report.add(policy, None, "skipped", f"another process holds {key}")
             return
         try:
-            async with engine.connect() as connection:
-                paused = await lifecycle.learning_paused(connection, policy.name)
-            policy_pass = _PolicyPass(engine, settings, policy, report, client, now, paused)
-            await (policy_pass.judge_canary() if verdicts_only else policy_pass.run())
+            await step()
         finally:
             try:
                 await lock_connection.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
@@ -147,7 +162,7 @@ async def _tick_policy_once(
 
 
 def run_promotion_tick(
-    settings: Settings, database_url: str, *, policies: list[str] | None = None, verdicts_only: bool = False
+    settings: Settings, database_url: str, *, policies: list[str] | None = None, lineage_only: bool = False
 ) -> TickReport:
     """`promotion_tick` for synchronous callers (the learner's scheduler threads): its own
     event loop and a small engine, disposed afterwards."""
@@ -156,7 +171,7 @@ def run_promotion_tick(
     async def once() -> TickReport:
         engine = make_async_engine(database_url, pool_size=2, max_overflow=2)
         try:
-            return await promotion_tick(engine, settings, policies=policies, verdicts_only=verdicts_only)
+            return await promotion_tick(engine, settings, policies=policies, lineage_only=lineage_only)
         finally:
             await engine.dispose()
 
@@ -176,8 +191,16 @@ class _PolicyPass:
     paused: bool  # an admin paused the policy: no automatic canary starts or promotions
 
     async def run(self) -> None:
+        await self.lineage()
+        await self.endpoints()
+
+    async def lineage(self) -> None:
+        """Steps 1-2: the lineage's gates and canary, and the canary's verdict."""
         await self.gate_lineage()
         await self.judge_canary()
+
+    async def endpoints(self) -> None:
+        """Steps 3-5: the endpoints and the adapter store hold what serves; retention."""
         await reconcile(
             self.engine,
             self.policy,

@@ -27,12 +27,12 @@ from learner.jobs.one_run import learn_command as learn_command
     help="Seconds between promotion passes (gates, canaries, endpoints, retention); 0: none here.",
 )
 @click.option(
-    "--verdict-interval",
+    "--lineage-interval",
     type=float,
     default=5.0,
     show_default=True,
-    help="Seconds between looks at the canary's verdict alone, between promotion passes (the sequential "
-    "test holds at every look); 0: only in the promotion passes.",
+    help="Seconds between passes over the lineage alone (new candidates' gates, the canary following the "
+    "newest, its verdict) between promotion passes; 0: in the promotion passes and after each run.",
 )
 @click.option(
     "--nice",
@@ -48,7 +48,7 @@ def learner_command(
     config_path: str | None,
     policies: tuple[str, ...],
     promotion_interval: float,
-    verdict_interval: float,
+    lineage_interval: float,
     niceness: int,
     log_level: str,
 ) -> None:
@@ -64,7 +64,7 @@ def learner_command(
             settings,
             list(policies) or None,
             promotion_interval_s=promotion_interval or None,
-            verdict_interval_s=verdict_interval or None,
+            lineage_interval_s=lineage_interval or None,
         )
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc

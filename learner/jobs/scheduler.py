@@ -26,10 +26,11 @@ its versions is promoted (the takeover), its runs are RL runs as for any policy.
 Promotion (`apprentice.promotion.tick.promotion_tick`: gates, canary start, canary verdict,
 reconciling the endpoints, retention) runs every `promotion_interval_s` on its own thread, so
 that a long training run does not hold up a canary's verdict, and right after a run produced
-a candidate. The canary's verdict alone runs every `verdict_interval_s` (5 s from the CLI) on a
-third thread: the sequential test holds at every look, and a full pass can hold the policy for
-tens of seconds while a busy inference server loads or unloads adapters (a live loop's lineage
-waited 42 s between two looks, past the unit that decided it).
+a candidate. Its lineage steps alone (gates, the canary following the newest version, the
+verdict) run every `lineage_interval_s` (5 s from the CLI) on a third thread, and then not after
+each run: the sequential test holds at every look, and the rest of a pass (the endpoints'
+unloads) can take tens of seconds on a busy inference server. Run after each run, it held the
+training thread too: on a live loop, 8-54 s after each run, while old canaries were unloaded.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ class Learner:
         policies: list[str] | None = None,
         database_url: str | None = None,
         promotion_interval_s: float | None = None,
-        verdict_interval_s: float | None = None,
+        lineage_interval_s: float | None = None,
     ) -> None:
         self.settings = settings
         # None: this learner does not run the promotion job (another process does, or nobody).
         self.promotion_interval_s = promotion_interval_s
-        # The canary's verdict alone, between the promotion passes (only where those run here).
-        self.verdict_interval_s = verdict_interval_s if promotion_interval_s else None
+        # The lineage's steps alone (gates, canary, verdict) between the promotion passes, on a
+        # thread of their own (only where those passes run here).
+        self.lineage_interval_s = lineage_interval_s if promotion_interval_s else None
         names = policies or [p.name for p in settings.policies]
         self.policies: list[PolicySettings] = []
         for name in names:
@@ -97,8 +99,11 @@ class Learner:
                 launcher = launcher_for(self.settings, settings, self.url)
             outcome = launcher.launch(trigger)
         self.outcomes.append(outcome)
-        if outcome.status == "succeeded" and self.promotion_interval_s is not None:
-            self.promote([policy])  # the new candidate's gates and canary start now, not at the next tick
+        if outcome.status == "succeeded" and self.promotion_interval_s is not None and not self.lineage_interval_s:
+            # The new candidate's gates and canary start now, not at the next pass (the lineage
+            # pass does that within seconds on its own thread where it runs). Only the lineage's
+            # steps: the endpoints' unloads wait for a busy server's batches, and training with them.
+            self.promote([policy], lineage_only=True)
         log.info(
             "learner %s (%s): %s%s",
             policy,
@@ -108,13 +113,13 @@ class Learner:
         )
         return outcome
 
-    def promote(self, policies: list[str] | None = None, verdicts_only: bool = False) -> Any:
-        """One pass of the promotion job (or of its canary verdicts alone); its failures are
+    def promote(self, policies: list[str] | None = None, lineage_only: bool = False) -> Any:
+        """One pass of the promotion job (or of its lineage steps alone); its failures are
         logged, never raised into the scheduler."""
         from apprentice.promotion.tick import run_promotion_tick
 
         try:
-            report = run_promotion_tick(self.settings, self.url, policies=policies, verdicts_only=verdicts_only)
+            report = run_promotion_tick(self.settings, self.url, policies=policies, lineage_only=lineage_only)
         except Exception:
             log.exception("promotion tick failed")
             return None
@@ -166,7 +171,7 @@ class Learner:
             executors={
                 "default": ThreadPoolExecutor(1),
                 "promotion": ThreadPoolExecutor(1),
-                "verdict": ThreadPoolExecutor(1),
+                "lineage": ThreadPoolExecutor(1),
             },
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
@@ -204,16 +209,14 @@ class Learner:
                 executor="promotion",
                 next_run_time=datetime.now(timezone.utc),
             )
-        if self.verdict_interval_s:
-            # A pass holds the policy's advisory lock while it loads and unloads adapters (seconds
-            # to tens of seconds on a busy inference server); the verdict pass then skips, quietly.
+        if self.lineage_interval_s:
             scheduler.add_job(
                 self.promote,
-                IntervalTrigger(seconds=self.verdict_interval_s),
-                kwargs={"verdicts_only": True},
-                id="verdict",
-                name="canary verdict",
-                executor="verdict",
+                IntervalTrigger(seconds=self.lineage_interval_s),
+                kwargs={"lineage_only": True},
+                id="lineage",
+                name="promotion: the lineage's gates, canary and verdict",
+                executor="lineage",
             )
         self.scheduler = scheduler
         return scheduler

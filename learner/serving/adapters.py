@@ -163,6 +163,19 @@ class LoraManager:
 
     # ------------------------------------------------------------ mutations (engine thread)
 
+    def keeps_the_model(self, name: str, *, loading: bool) -> bool:
+        """Whether loading (or unloading) `name` now leaves the model the other rows run through
+        as it is: peft already wraps the model and keeps wrapping it (not the first load, not
+        the last unload), so only `name`'s own LoRA weights come or go. The engine then runs the
+        change between two decode steps of a batch that does not use `name`, without a drain."""
+        from peft import PeftModel
+
+        if not isinstance(self.model, PeftModel):
+            return False
+        if loading and name not in self.adapters:
+            return True
+        return len(self.model.peft_config) > 1  # an unload, or an in-place reload (detach, then load)
+
     def load(self, name: str, path: str, inplace: bool = False) -> AdapterInfo:
         """Check, then attach the adapter under `name` (replacing it when `inplace`)."""
         self._lora_layers = None

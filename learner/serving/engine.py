@@ -15,9 +15,14 @@ Invariants:
   first, and one that does not fit the batch stops admission (younger requests do not overtake
   it), so no request starves.
 - Every adapter a running sequence uses stays loaded and unchanged until it finishes: adapter
-  loads and unloads (`call`) run on the engine thread only while no batch runs, and while one
-  waits nothing new is admitted, so the running batch drains. A request whose adapter was
-  unloaded while it waited fails with UnknownAdapterError when its turn comes.
+  loads and unloads (`call`) run on the engine thread, between decode steps, and one that
+  touches an adapter a running sequence uses, or that would wrap or unwrap the model (the first
+  load, the last unload), runs only while no batch runs: while one waits nothing new is
+  admitted, so the running batch drains. Any other load or unload (a new canary, a version that
+  stopped serving, while others serve) runs at the next step boundary without a drain: draining
+  a CPU batch of 32-token answers took 6-20 s on a busy machine, each time, and stopped new
+  requests from starting meanwhile. A request whose adapter was unloaded while it waited fails
+  with UnknownAdapterError when its turn comes.
 
 Priority (vLLM's `priority` field: lower values first, 0 by default): waiting requests are
 admitted most urgent first (then oldest first), and a less urgent request starts only while no
@@ -184,6 +189,20 @@ def _merge_caches(a: DynamicCache, b: DynamicCache, length: int) -> DynamicCache
     return DynamicCache(ddp_cache_data=data)
 
 
+@dataclass(frozen=True, eq=False)
+class _Command:
+    """An adapter change waiting for the engine thread (`GenerationEngine.call`)."""
+
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future
+    adapter: str | None  # the one adapter it changes; None: it may change anything
+    beside: Callable[[], bool] | None  # whether it leaves the other rows' model as it is, now
+
+    def runs_beside(self, in_use: set[str | None]) -> bool:
+        """Whether it may run between two decode steps of a batch whose rows use `in_use`."""
+        return self.adapter is not None and self.adapter not in in_use and self.beside is not None and self.beside()
+
+
 class GenerationEngine:
     """Batching generation over a transformers model whose adapters a LoraManager owns."""
 
@@ -208,7 +227,7 @@ class GenerationEngine:
         self._logits_kwarg = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in accepted), None)
         self._cond = threading.Condition()
         self._waiting: deque[_Request] = deque()
-        self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
+        self._commands: deque[_Command] = deque()
         self._batch: _Batch | None = None
         self._stopping = False
         self._draining = False  # a command waits for the running batch: admit nothing new
@@ -244,11 +263,18 @@ class GenerationEngine:
 
     # ------------------------------------------------------------ API for the event loop
 
-    async def call(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` on the engine thread between decode steps (adapter changes) and await it."""
+    async def call(
+        self, fn: Callable[[], Any], *, adapter: str | None = None, beside: Callable[[], bool] | None = None
+    ) -> Any:
+        """Run `fn` on the engine thread between decode steps (adapter changes) and await it.
+
+        Without `adapter` it waits for the running batch to drain. With it, `fn` changes only that
+        adapter, and it runs at the next step boundary when no running sequence uses it and
+        `beside()` (asked on the engine thread) says the change leaves the other rows' model as
+        it is; otherwise it waits for the drain too."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
-            self._commands.append((fn, future))
+            self._commands.append(_Command(fn, future, adapter, beside))
             self._cond.notify_all()
         return await asyncio.wrap_future(future)
 
@@ -292,13 +318,16 @@ class GenerationEngine:
                     break
                 # Changing adapters under a running batch would change its outputs midway: let
                 # it finish (nothing new joins it meanwhile) and run the commands afterwards.
-                commands: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
                 if self._batch is None:
                     commands = list(self._commands)
-                    self._commands.clear()
+                else:
+                    in_use = {seq.request.adapter for seq in self._batch.seqs}
+                    commands = [command for command in self._commands if command.runs_beside(in_use)]
+                for command in commands:
+                    self._commands.remove(command)
                 self._draining = bool(self._commands)
-            for fn, future in commands:
-                self._run_command(fn, future)
+            for command in commands:
+                self._run_command(command.fn, command.future)
             try:
                 self._admit()
                 if self._batch is not None:

@@ -93,7 +93,11 @@ class OpenAIServingModels:
         return False
 
     async def _load_resolved(self, name: str, path: str) -> None:
-        await self.engine.call(lambda: self.lora.load(name, path))
+        await self.engine.call(
+            lambda: self.lora.load(name, path),
+            adapter=name,
+            beside=lambda: self.lora.keeps_the_model(name, loading=True),
+        )
 
     def show_available_models(self) -> ModelList:
         cards = [ModelCard(id=self.base_name, root=self.base_path, max_model_len=self.max_model_len)]
@@ -115,7 +119,11 @@ class OpenAIServingModels:
                     "InvalidUserInput",
                 )
             try:
-                await self.engine.call(lambda: self.lora.load(name, path, inplace=request.load_inplace))
+                await self.engine.call(
+                    lambda: self.lora.load(name, path, inplace=request.load_inplace),
+                    adapter=name,
+                    beside=lambda: self.lora.keeps_the_model(name, loading=True),
+                )
             except AdapterNotFoundError as exc:
                 raise APIError(str(exc), "NotFoundError", HTTPStatus.NOT_FOUND) from exc
             except AdapterIncompatibleError as exc:
@@ -131,5 +139,9 @@ class OpenAIServingModels:
         async with self._locks[name]:
             if name not in self.lora.adapters:
                 raise APIError(f"The lora adapter '{name}' cannot be found.", "NotFoundError", HTTPStatus.NOT_FOUND)
-            await self.engine.call(lambda: self.lora.unload(name))
+            await self.engine.call(
+                lambda: self.lora.unload(name),
+                adapter=name,
+                beside=lambda: self.lora.keeps_the_model(name, loading=False),
+            )
         return f"Success: LoRA adapter '{name}' removed successfully."

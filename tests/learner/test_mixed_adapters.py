@@ -124,3 +124,38 @@ async def test_unloading_an_adapter_waits_for_its_running_requests(server, tiny_
         with pytest.raises(openai.NotFoundError):
             await ask(client, "gamma", 1)
         await client.close()
+
+
+async def test_an_adapter_no_running_request_uses_comes_and_goes_without_draining_the_batch(
+    server, tiny_model_dir, adapter_factory
+):
+    """A new canary loaded, an old version unloaded, while other adapters decode: the change
+    runs at the next step boundary, not after the batch drains, new requests keep joining, and
+    what the running requests answer does not change."""
+    path = adapter_factory(tiny_model_dir, seed=9)
+    engine = server.state.engine
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        client = server.async_client()
+        long = 300
+        references = [await ask(client, model, 1, max_tokens=long) for model in ("alpha", "tiny")]
+        running = [asyncio.create_task(ask(client, model, 1, max_tokens=long)) for model in ("alpha", "tiny")]
+        deadline = asyncio.get_running_loop().time() + 30
+        while engine.num_running < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.002)
+        assert engine.num_running == 2
+
+        loaded = await http.post("/v1/load_lora_adapter", json={"lora_name": "delta", "lora_path": str(path)})
+        assert loaded.status_code == 200
+        assert engine.num_running == 2 and not any(task.done() for task in running), "loaded without a drain"
+        short = await ask(client, "delta", 0, max_tokens=4)  # joins the running batch
+        assert len(short[0][0]) == 4 and not any(task.done() for task in running)
+        unloaded = await http.post("/v1/unload_lora_adapter", json={"lora_name": "delta"})
+        assert unloaded.status_code == 200
+        assert engine.num_running == 2 and not any(task.done() for task in running), "unloaded without a drain"
+
+        answers = await asyncio.gather(*running)
+        for answer, reference in zip(answers, references, strict=True):
+            assert [ids for ids, _ in answer] == [ids for ids, _ in reference]
+        with pytest.raises(openai.NotFoundError):
+            await ask(client, "delta", 1)
+        await client.close()
