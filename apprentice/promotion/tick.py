@@ -134,21 +134,30 @@ async def _tick_policy_once(
     async with engine.connect() as connection:
         paused = await lifecycle.learning_paused(connection, policy.name)
     policy_pass = _PolicyPass(engine, settings, policy, report, client, now, paused)
-    await _under_lock(engine, f"apprentice.promotion.{policy.name}", policy.name, report, policy_pass.lineage)
+    # The learner's lineage pass holds the first lock every few seconds: a full pass that finds
+    # it held leaves those steps to it without a line in the log.
+    lineage_key = f"apprentice.promotion.{policy.name}"
+    await _under_lock(engine, lineage_key, policy.name, report, policy_pass.lineage, quiet_skip=True)
     if not lineage_only:
         key = f"apprentice.promotion.endpoints.{policy.name}"
         await _under_lock(engine, key, policy.name, report, policy_pass.endpoints)
 
 
 async def _under_lock(
-    engine: AsyncEngine, key: str, policy: str, report: TickReport, step: Callable[[], Awaitable[None]]
+    engine: AsyncEngine,
+    key: str,
+    policy: str,
+    report: TickReport,
+    step: Callable[[], Awaitable[None]],
+    *,
+    quiet_skip: bool = False,
 ) -> None:
     """Run `step` while holding the session advisory lock `key`; skip it while someone else does."""
     async with engine.connect() as lock_connection:
         got = (await lock_connection.execute(text("SELECT pg_try_advisory_lock(hashtext(:k))"), {"k": key})).scalar()
         await lock_connection.commit()
         if not got:
-            report.add(policy, None, "skipped", f"another process holds {key}")
+            report.add(policy, None, "skipped", f"another process holds {key}", quiet=quiet_skip)
             return
         try:
             await step()

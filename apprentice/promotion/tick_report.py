@@ -19,7 +19,7 @@ class TickReport:
     # or "skipped" every few seconds, which would bury the transitions in the log.
     quiet: frozenset[str] = frozenset()
 
-    def add(self, policy: str, version: str | None, action: str, detail: str = "") -> None:
+    def add(self, policy: str, version: str | None, action: str, detail: str = "", *, quiet: bool = False) -> None:
         self.actions.append({"policy": policy, "version": version, "action": action, "detail": detail})
-        level = logging.DEBUG if action in self.quiet else logging.INFO
+        level = logging.DEBUG if quiet or action in self.quiet else logging.INFO
         log.log(level, "promotion: %s %s %s %s", policy, version or "-", action, detail)
