@@ -74,45 +74,68 @@ def comparison(sequence: EffectSequence, arms: list[int], alpha: float) -> ev.Co
     return ev.Comparison(*stats, "sequential", 1 - alpha, MIN_SAMPLES, ev.verdict_of(interval), interval)
 
 
+class CanaryLooks:
+    """The promotion job's view of one lineage's canary: each assigned unit waits SETTLE_S, and
+    each look adds the settled ones to the lineage's sequence (every version since its first
+    canary) and to the newest version's, then decides by the production rule."""
+
+    def __init__(self, version: int = 1) -> None:
+        self.lineage_alpha = ev.alpha_split(ALPHA, newest_index=1)[0]
+        self.lineage, self.lineage_arms = EffectSequence(self.lineage_alpha), [0, 0]
+        self.version = version  # the newest version's index in the lineage (0: none serves yet)
+        self.newest, self.newest_arms = EffectSequence(self.newest_alpha()), [0, 0]
+        self.pending: list[tuple[float, Unit, int]] = []  # (assigned at, unit, version) not settled yet
+
+    def newest_alpha(self) -> float:
+        return ev.alpha_split(ALPHA, newest_index=max(1, self.version))[1]
+
+    def next_version(self) -> None:
+        """The lineage's next version becomes the canary: a new newest-version test."""
+        self.version += 1
+        self.newest, self.newest_arms = EffectSequence(self.newest_alpha()), [0, 0]
+
+    def assign(self, now: float, unit: Unit) -> None:
+        self.pending.append((now, unit, self.version))
+
+    def look(self, now: float) -> str:
+        """A tick: the units settled by `now` enter, and the decision (promote, reject, wait)."""
+        while self.pending and self.pending[0][0] <= now - SETTLE_S:
+            _, unit, unit_version = self.pending.pop(0)
+            self.lineage.add(unit)
+            self.lineage_arms[unit.canary] += 1
+            if unit_version == self.version:
+                self.newest.add(unit)
+                self.newest_arms[unit.canary] += 1
+        return ev.decide_lineage(
+            comparison(self.lineage, self.lineage_arms, self.lineage_alpha),
+            comparison(self.newest, self.newest_arms, self.newest_alpha()),
+            mode="automatic",
+            elapsed_s=now,
+            timeout_s=math.inf,
+        )
+
+
 def replicate(shape: Shape, gain: float, rng: random.Random) -> tuple[str, int]:
     """One lineage's canary: (decision, units from the first better version's start to it)."""
     difficulty = [rng.uniform(0.05, 0.95) for _ in range(shape.tasks)]
-    lineage_alpha, _ = ev.alpha_split(ALPHA, newest_index=1)
-    lineage, lineage_arms = EffectSequence(lineage_alpha), [0, 0]
-    newest, newest_arms, version = EffectSequence(ev.alpha_split(ALPHA, newest_index=1)[1]), [0, 0], 1
-    pending: list[tuple[float, Unit, int]] = []  # (assigned at, unit, version) not settled yet
+    looks = CanaryLooks()
     better_from = LATE_VERSIONS * VERSION_EVERY if gain else 0
     next_tick = TICK_S
     for index in range(MAX_UNITS):
         now = index / RATE
         if index and index % VERSION_EVERY == 0:  # the canary moves to the lineage's next version
-            version += 1
-            newest = EffectSequence(ev.alpha_split(ALPHA, newest_index=version)[1])
-            newest_arms = [0, 0]
+            looks.next_version()
         task = rng.randrange(shape.tasks) if shape.tasks else -1
         base = difficulty[task] if shape.tasks else rng.uniform(0.05, 0.95)
         canary = rng.random() < shape.share
         effect = gain if canary and index >= better_from else 0.0
         p = min(1.0, base + effect)
         value = sum(rng.random() < p for _ in range(shape.group)) / shape.group
-        pending.append((now, Unit(canary, shape.share, str(task if shape.tasks else index), value), version))
+        looks.assign(now, Unit(canary, shape.share, str(task if shape.tasks else index), value))
         if now < next_tick:
             continue
         next_tick += TICK_S
-        while pending and pending[0][0] <= now - SETTLE_S:
-            _, unit, unit_version = pending.pop(0)
-            lineage.add(unit)
-            lineage_arms[unit.canary] += 1
-            if unit_version == version:
-                newest.add(unit)
-                newest_arms[unit.canary] += 1
-        decision = ev.decide_lineage(
-            comparison(lineage, lineage_arms, lineage_alpha),
-            comparison(newest, newest_arms, ev.alpha_split(ALPHA, newest_index=version)[1]),
-            mode="automatic",
-            elapsed_s=now,
-            timeout_s=math.inf,
-        )
+        decision = looks.look(now)
         if decision in (ev.PROMOTE, ev.REJECT):
             return decision, index - better_from
     return "none", MAX_UNITS - better_from

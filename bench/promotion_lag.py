@@ -25,7 +25,6 @@ after assignment, a look every TICK_S):
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 import sys
@@ -33,8 +32,8 @@ import time
 from dataclasses import dataclass
 
 from apprentice.promotion import evaluation as ev
-from apprentice.promotion.sequential import EffectSequence, Unit
-from bench.canary_simulation import ALPHA, RATE, SETTLE_S, SHAPES, TICK_S, Shape, comparison
+from apprentice.promotion.sequential import Unit
+from bench.canary_simulation import ALPHA, RATE, SETTLE_S, SHAPES, TICK_S, CanaryLooks, Shape
 from bench.report import machine_line, markdown_table, write_section
 
 SECTION_TITLE = "Promotion lag in simulation: the promoted version behind a learning lineage"
@@ -74,11 +73,7 @@ def replicate(shape: Shape, curve: Curve, rng: random.Random) -> Outcome:
     difficulty = [rng.uniform(*curve.base) for _ in range(shape.tasks)]
     incumbent = 0.0  # the promoted version's skill (0: the base model)
     head = 0.0  # the newest version's skill
-    version = 0  # newest version's index within the current lineage
-    lineage_alpha, _ = ev.alpha_split(ALPHA, newest_index=1)
-    lineage, lineage_arms = EffectSequence(lineage_alpha), [0, 0]
-    newest, newest_arms = EffectSequence(ev.alpha_split(ALPHA, newest_index=1)[1]), [0, 0]
-    pending: list[tuple[float, Unit, int]] = []
+    looks = CanaryLooks(version=0)  # no canary before the first training run
     outcome = Outcome(0.0, 0.0, 0, 0, [])
     better_since: int | None = None
     next_tick = TICK_S
@@ -87,38 +82,22 @@ def replicate(shape: Shape, curve: Curve, rng: random.Random) -> Outcome:
         now = index * shape.group / RATE
         if index and index % units_a_version == 0:  # a training run lands: the canary moves to it
             head = min(curve.top, head + curve.step)
-            version += 1
-            newest = EffectSequence(ev.alpha_split(ALPHA, newest_index=version)[1])
-            newest_arms = [0, 0]
+            looks.next_version()
             if better_since is None and head > incumbent:
                 better_since = index
         outcome.gap_sum += head - incumbent
         outcome.units += 1
         task = rng.randrange(shape.tasks) if shape.tasks else -1
         base = difficulty[task] if shape.tasks else rng.uniform(*curve.base)
-        canary = version > 0 and rng.random() < shape.share
+        canary = looks.version > 0 and rng.random() < shape.share
         p = min(1.0, max(0.0, base + (head if canary else incumbent)))
         value = sum(rng.random() < p for _ in range(shape.group)) / shape.group
-        if version > 0:
-            unit = Unit(canary, shape.share, str(task if shape.tasks else index), value)
-            pending.append((now, unit, version))
+        if looks.version > 0:
+            looks.assign(now, Unit(canary, shape.share, str(task if shape.tasks else index), value))
         if now < next_tick:
             continue
         next_tick += TICK_S
-        while pending and pending[0][0] <= now - SETTLE_S:
-            _, unit, unit_version = pending.pop(0)
-            lineage.add(unit)
-            lineage_arms[unit.canary] += 1
-            if unit_version == version:
-                newest.add(unit)
-                newest_arms[unit.canary] += 1
-        decision = ev.decide_lineage(
-            comparison(lineage, lineage_arms, lineage_alpha),
-            comparison(newest, newest_arms, ev.alpha_split(ALPHA, newest_index=version)[1]),
-            mode="automatic",
-            elapsed_s=now,
-            timeout_s=math.inf,
-        )
+        decision = looks.look(now)
         if decision not in (ev.PROMOTE, ev.REJECT):
             continue
         if decision == ev.PROMOTE:
@@ -129,10 +108,7 @@ def replicate(shape: Shape, curve: Curve, rng: random.Random) -> Outcome:
             outcome.rejections += 1
             head = incumbent
         better_since = None
-        version = 0  # the next lineage starts with the next training run
-        lineage, lineage_arms = EffectSequence(lineage_alpha), [0, 0]
-        newest, newest_arms = EffectSequence(ev.alpha_split(ALPHA, newest_index=1)[1]), [0, 0]
-        pending.clear()
+        looks = CanaryLooks(version=0)  # the next lineage starts with the next training run
     outcome.promoted_skill, outcome.head_skill = incumbent, head
     return outcome
 
