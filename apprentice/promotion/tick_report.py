@@ -15,7 +15,7 @@ __all__ = ["TickReport"]
 class TickReport:
     actions: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    # Actions recorded but logged at DEBUG: the frequent verdict pass says "still evaluating"
+    # Actions recorded but logged at DEBUG: the lineage pass (every 5 s) says "still evaluating"
     # or "skipped" every few seconds, which would bury the transitions in the log.
     quiet: frozenset[str] = frozenset()
 
