@@ -150,11 +150,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replications", type=int, default=10_000, help="A/A replications per shape")
     parser.add_argument("--power-replications", type=int, default=400, help="replications per gain and shape")
-    parser.add_argument("--quick", action="store_true", help="200 A/A and 40 power replications, seconds")
+    parser.add_argument("--quick", action="store_true", help="40 A/A and 8 power replications, seconds")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args()
-    replications = 200 if args.quick else args.replications
-    power_replications = 40 if args.quick else args.power_replications
+    replications = 40 if args.quick else args.replications
+    power_replications = 8 if args.quick else args.power_replications
     started = time.monotonic()
     aa_rows, power_rows = [], []
     for number, shape in enumerate(SHAPES):

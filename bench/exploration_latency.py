@@ -325,7 +325,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
     args = parser.parse_args()
     if args.quick:
-        args.runs, args.duration = 1, 5.0
+        args.runs, args.duration = 1, 2.0
     report = asyncio.run(run(args))
     print(report)
     if not args.quick:

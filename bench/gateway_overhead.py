@@ -141,13 +141,13 @@ class Sizes:
     def for_args(cls, args: argparse.Namespace) -> Sizes:
         sizes = (
             cls(
-                rounds=2,
-                c1_requests=60,
-                c1_stream_requests=30,
-                c32_seconds=0.7,
-                c32_max_requests=5000,
-                c32_min_requests=96,
-                pg_calls=2000,
+                rounds=1,
+                c1_requests=30,
+                c1_stream_requests=15,
+                c32_seconds=0.5,
+                c32_max_requests=2000,
+                c32_min_requests=64,
+                pg_calls=500,
             )
             if args.quick
             else cls(
@@ -1045,13 +1045,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 short rounds; writes nothing by default")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 short round; writes nothing by default")
     parser.add_argument(
         "--targets",
         default="direct,gateway,litellm",
         help="comma-separated: direct, gateway, litellm (default all three)",
     )
-    parser.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 7, --quick 2)")
+    parser.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 7, --quick 1)")
     parser.add_argument("--gateway-workers", default="2", help="comma-separated worker counts (default 2)")
     parser.add_argument(
         "--features",
@@ -1073,7 +1073,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--db-prefix", default="apprentice_bench", help="benchmark databases are PREFIX_gwN")
     parser.add_argument("--keep-db", action="store_true", help="leave the benchmark databases after the run")
-    parser.add_argument("--pg-calls", type=int, default=0, help="calls per PostgreSQL test (default 10000, quick 2000)")
+    parser.add_argument("--pg-calls", type=int, default=0, help="calls per PostgreSQL test (default 10000, quick 500)")
     parser.add_argument("--no-lock-test", action="store_true", help="skip the backlog-drain test (table lock)")
     parser.add_argument("--start-timeout", type=float, default=120.0, help="seconds a server may take to start")
     parser.add_argument(

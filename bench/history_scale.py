@@ -31,7 +31,7 @@ Measured on each database, `--repeats` times, medians:
 
     python -m bench.history_scale                  # 20 million calls; writes docs/benchmarks.md
     python -m bench.history_scale --calls 2000000  # smaller; writes the section too
-    python -m bench.history_scale --quick          # 20,000 calls, 1 repeat (a smoke run); writes nothing
+    python -m bench.history_scale --quick          # 20,000 calls, 3 days, 1 repeat (a smoke run); writes nothing
     python -m bench.history_scale --keep --json a.json   # leave the databases (dropped by default)
     python -m bench.history_scale --reuse a.json   # measure them again (then dropped, unless --keep)
 """
@@ -208,7 +208,9 @@ def fill_day(url: str, lower: datetime, first: int, last: int, spacing: float, r
     return time.monotonic() - started
 
 
-def prepare(name: str, history_calls: int, days: int, today: datetime, workers: int) -> dict[str, Any]:
+def prepare(
+    name: str, history_calls: int, days: int, today: datetime, workers: int, working_set: int = WORKING_SET
+) -> dict[str, Any]:
     """A scratch database: the schema, the templates, `history_calls` calls over `days` days before
     yesterday, and the working set; returns what generating it cost."""
     url = recreate_database(ADMIN_URL, name)
@@ -237,16 +239,16 @@ def prepare(name: str, history_calls: int, days: int, today: datetime, workers: 
         "prefix": "w",
         "base": BASE_MODEL,
         "lo": 1,
-        "hi": WORKING_SET,
+        "hi": working_set,
         "origin": origin,
-        "spacing": 12 * 3600 / WORKING_SET * 0.98,
+        "spacing": 12 * 3600 / working_set * 0.98,
         "conversations": CONVERSATIONS,
         "run": None,
     }
     with generator(url) as db:
         db.execute(sql.SQL(f"INSERT INTO calls ({_CALL_COLUMNS}) ") + sql.SQL(_CALL_ROWS), params)
         db.execute(_TRAJECTORY_ROWS, params)
-        db.execute(_REWARD_ROWS, {"prefix": "w", "lo": 1, "hi": WORKING_SET, "share": 10})
+        db.execute(_REWARD_ROWS, {"prefix": "w", "lo": 1, "hi": working_set, "share": 10})
         db.execute("DROP TABLE bench_templates")
         db.execute("ANALYZE")
         sizes = db.execute(
@@ -387,18 +389,18 @@ async def measure_dashboard(url: str, trajectories: list[uuid.UUID]) -> dict[str
     return {"trajectory_ms": median(pages) * 1000, "rates_ms": rates_s * 1000}
 
 
-def sample_trajectories(url: str, count: int) -> list[uuid.UUID]:
+def sample_trajectories(url: str, count: int, working_set: int) -> list[uuid.UUID]:
     with connect(url) as db:
         rows = db.execute(
             "SELECT md5('w' || h)::uuid FROM generate_series(1, %s::int) h ORDER BY random() LIMIT %s",
-            (WORKING_SET, count),
+            (working_set, count),
         ).fetchall()
     return [row[0] for row in rows]
 
 
-def measure(url: str, repeats: int, ship_calls: int) -> dict[str, Any]:
+def measure(url: str, repeats: int, ship_calls: int, working_set: int) -> dict[str, Any]:
     figures: dict[str, list[float]] = {}
-    sample = sample_trajectories(url, 30)
+    sample = sample_trajectories(url, 30, working_set)
     for repeat in range(repeats):
         with tempfile.TemporaryDirectory(prefix="history-bench-") as directory:
             shipped = asyncio.run(measure_ship(url, journal_records(ship_calls), Path(directory)))
@@ -454,8 +456,8 @@ def render(result: dict[str, Any]) -> str:
 
 The **history** database holds {gen["calls"]:,} calls in {gen["partitions"]} partitions ({result["days"]} days
 of history, one partition a day, the working set and the days ahead); the **empty** one holds only the
-working set both share: {WORKING_SET:,} trajectories of the last 12 hours, rewarded and untrained. The
-selection reads the same run in both (it selected {full["selected"]:.0f} and {empty["selected"]:.0f}
+working set both share: {result.get("working_set", WORKING_SET):,} trajectories of the last 12 hours, rewarded and
+untrained. The selection reads the same run in both (it selected {full["selected"]:.0f} and {empty["selected"]:.0f}
 trajectories).
 
 {markdown_table(["measure", "empty table", f"{gen['calls'] / 1e6:.1f} M calls", "history / empty"], rows)}
@@ -492,6 +494,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "repeats": args.repeats,
         "ship_calls": args.ship_calls,
         "workers": args.workers,
+        "working_set": args.working_set,
     }
     try:
         if args.reuse:  # the databases an earlier --keep run left, and what generating them cost
@@ -500,15 +503,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             history = {**earlier["generation"], "url": database_url(ADMIN_URL, names["history"])}
         else:
             log("preparing the empty database (working set only)")
-            empty = prepare(names["empty"], 0, args.days, today, args.workers)
+            empty = prepare(names["empty"], 0, args.days, today, args.workers, args.working_set)
             log(f"preparing the history: {args.calls:,} calls over {args.days} days")
-            history = prepare(names["history"], args.calls, args.days, today, args.workers)
+            history = prepare(names["history"], args.calls, args.days, today, args.workers, args.working_set)
         result["generation"] = {k: v for k, v in history.items() if k != "url"}
         result["generation_empty"] = {k: v for k, v in empty.items() if k != "url"}
         log(f"generated: {history}")
         for label, prepared in (("empty", empty), ("history", history)):
             log(f"measuring {label}")
-            result[label] = measure(prepared["url"], args.repeats, args.ship_calls)
+            result[label] = measure(prepared["url"], args.repeats, args.ship_calls, args.working_set)
     finally:
         if not args.keep:
             for name in names.values():
@@ -523,13 +526,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ship-calls", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=2, help="connections generating days in parallel")
-    parser.add_argument("--quick", action="store_true", help="20,000 calls, 1 repeat (a smoke run); writes nothing")
+    parser.add_argument(
+        "--working-set", type=int, default=WORKING_SET, help="trajectories of the last 12 hours a training run reads"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="20,000 calls over 3 days, a working set of 2,400, 1 repeat (a smoke run); writes nothing",
+    )
     parser.add_argument("--keep", action="store_true", help="leave the scratch databases")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--reuse", type=Path, help="measure again the databases of a --keep run (its --json)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.calls, args.repeats, args.ship_calls = 20_000, 1, 1_000
+        args.calls, args.days, args.repeats, args.ship_calls, args.working_set = 20_000, 3, 1, 1_000, 2_400
     return args
 
 

@@ -169,7 +169,7 @@ def arguments(doc: str | None, rounds: int, requests: int) -> argparse.ArgumentP
 
 def sizes(args: argparse.Namespace) -> tuple[int, int]:
     """(rounds, requests per round and target): a smoke run's with --quick."""
-    return (2, 30) if args.quick else (args.rounds, args.requests)
+    return (1, 20) if args.quick else (args.rounds, args.requests)
 
 
 def publish(args: argparse.Namespace, title: str, report: str) -> None:
