@@ -98,6 +98,7 @@ class EngineStats:
     tokens: int = 0
     max_batch_size: int = 0
     prefills: int = 0
+    prefill_rows: int = 0  # prompt rows the prefills ran: one per distinct (prompt, adapter) admitted together
     mixed_steps: int = 0  # forward passes (prefills too) whose rows used several adapters, or an adapter and the base
     abandoned: int = 0  # requests abandoned for a more urgent one (see "Priority")
 
@@ -187,6 +188,14 @@ def _merge_caches(a: DynamicCache, b: DynamicCache, length: int) -> DynamicCache
             )
         )
     return DynamicCache(ddp_cache_data=data)
+
+
+def _distinct_prompts(seqs: list[_Sequence]) -> tuple[list[tuple[tuple[int, ...], str | None]], list[int]]:
+    """The distinct (prompt, adapter) pairs of `seqs` in first-seen order, and for each sequence
+    the index of its pair: row i of the batch is row `rows[i]` of the distinct prefill."""
+    first: dict[tuple[tuple[int, ...], str | None], int] = {}
+    rows = [first.setdefault((tuple(s.request.prompt_ids), s.request.adapter), len(first)) for s in seqs]
+    return list(first), rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -425,21 +434,33 @@ class GenerationEngine:
         self._prune()
 
     def _prefill(self, requests: list[_Request]) -> _Batch:
-        """Run the prompts of newly admitted requests (n rows each) and sample their first tokens."""
+        """Run the prompts of newly admitted requests (n rows each) and sample their first tokens.
+
+        Rows with the same prompt and adapter are run once and their cache rows and last logits
+        copied (`_distinct_prompts`): a request's n choices, and a client's group of runs of one
+        task sent at once. The prompt is most of the work on a CPU: 48 answers of 16 tokens to 8
+        prompts sent 6 at a time spent 5.5 of their 10.5 s in prefills (SmolLM2-135M, 2 cores)."""
         seqs = [_Sequence(r, i, self.device) for r in requests for i in range(r.params.n)]
-        prompts = [s.request.prompt_ids for s in seqs]
-        length = max(len(p) for p in prompts)
-        input_ids = torch.full((len(seqs), length), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), length), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
+        distinct, rows = _distinct_prompts(seqs)
+        length = max(len(prompt) for prompt, _ in distinct)
+        input_ids = torch.full((len(distinct), length), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(distinct), length), dtype=torch.long)
+        for row, (prompt, _) in enumerate(distinct):
             input_ids[row, length - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask[row, length - len(prompt) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
+        logits = self._forward([adapter for _, adapter in distinct], input_ids, mask, position_ids, cache)
+        if len(distinct) < len(seqs):
+            index = torch.tensor(rows, dtype=torch.long, device=self.device)
+            cache = DynamicCache(
+                ddp_cache_data=[(k.index_select(0, index), v.index_select(0, index)) for k, v in _cache_tensors(cache)]
+            )
+            mask, logits = mask.index_select(0, index), logits.index_select(0, index)
         new = _Batch(seqs, cache, mask, mask.sum(-1))
-        logits = self._forward(new.adapters, input_ids, mask, position_ids, cache)
         self.stats.prefills += 1
+        self.stats.prefill_rows += len(distinct)
         self._sample_and_emit(new, logits)
         return new
 

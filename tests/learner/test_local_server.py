@@ -112,6 +112,26 @@ def test_n_and_seed(tiny_server):
     assert first.usage.completion_tokens == 16
 
 
+def test_choices_of_one_prompt_share_one_prefill_row_and_decode_as_their_own(tiny_server, tiny_model_dir):
+    """n choices (and runs of one prompt admitted together) prefill the prompt once; each choice's
+    copied cache row then decodes exactly what the model gives its own tokens."""
+    from transformers import AutoModelForCausalLM
+
+    stats = tiny_server.state.engine.stats
+    rows_before, prefills_before = stats.prefill_rows, stats.prefills
+    response = chat(tiny_server, temperature=1.0, n=3, seed=5, logprobs=True, extra_body={"return_token_ids": True})
+    assert stats.prefills - prefills_before == 1 and stats.prefill_rows - rows_before == 1
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    assert len({tuple(c.token_ids) for c in response.choices}) == 3
+    for choice in response.choices:
+        ids = torch.tensor([response.prompt_token_ids + choice.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(response.prompt_token_ids) - 1 : -1]
+        expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(choice.token_ids).unsqueeze(-1)).squeeze(-1)
+        reported = torch.tensor([e.logprob for e in choice.logprobs.content])
+        assert torch.allclose(reported, expected, atol=1e-4), (reported - expected).abs().max()
+
+
 def test_stop_string_cuts_the_text(tiny_server):
     greedy = chat(tiny_server, temperature=0, max_tokens=12).choices[0].message.content
     stop = greedy[len(greedy) // 2 : len(greedy) // 2 + 3]
