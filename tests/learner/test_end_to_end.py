@@ -177,8 +177,15 @@ async def drive(up: Up, model_port: int, timeline: list[str]) -> tuple[float, fl
     server = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{model_port}/v1", api_key="x", max_retries=2, timeout=120)
     http = httpx.AsyncClient(base_url=up.url + "/v1", timeout=60)
     started = time.monotonic()
-    base_rate = await evaluate(server, BASE_MODEL)
-    timeline.append(f"base {base_rate:.2f} at {time.monotonic() - started:.0f}s")
+
+    async def evaluate_base() -> float:
+        rate = await evaluate(server, BASE_MODEL)
+        timeline.append(f"base {rate:.2f} at {time.monotonic() - started:.0f}s")
+        return rate
+
+    # The base model is measured beside the first groups, not before them: it is what serves them,
+    # and the learner needs minutes of their rewards before any version can be promoted.
+    base_evaluation = asyncio.create_task(evaluate_base())
     rng = random.Random(0)
     deliveries: list[asyncio.Task] = []
     served_after: dict[str, set[str]] = {}  # promoted version -> models that served groups started after it
@@ -206,7 +213,7 @@ async def drive(up: Up, model_port: int, timeline: list[str]) -> tuple[float, fl
                 await asyncio.sleep(0.2)
         await asyncio.gather(*in_flight)
 
-    async def watch() -> tuple[float, str]:
+    async def watch() -> tuple[float, float, str]:
         evaluated: str | None = None
         while True:
             elapsed = time.monotonic() - started
@@ -218,15 +225,18 @@ async def drive(up: Up, model_port: int, timeline: list[str]) -> tuple[float, fl
             evaluated = promoted
             rate = await evaluate(server, promoted)  # traffic goes on meanwhile
             timeline.append(f"{promoted} promoted; held-out success {rate:.2f} at {time.monotonic() - started:.0f}s")
+            base_rate = await base_evaluation
             if rate >= base_rate + MARGIN:
-                return rate, promoted
+                return base_rate, rate, promoted
 
     sender = asyncio.create_task(traffic())
     try:
-        rate, promoted = await watch()
+        base_rate, rate, promoted = await watch()
     finally:
         stop.set()
         await sender
+        if not base_evaluation.done():
+            base_evaluation.cancel()
     await asyncio.gather(*deliveries)
     await http.aclose()
     await client.close()
