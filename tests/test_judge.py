@@ -248,7 +248,6 @@ def test_groups_are_judged_once_through_the_gateway_and_scores_become_rewards(st
         assert request["response_format"]["type"] == "json_schema"
 
     # Idempotent: more polls (two processes) judge nothing again.
-    import time
 
     time.sleep(1.5)
     assert len(_judgements(db, "agent")) == judged
@@ -326,7 +325,6 @@ def test_mode_missing_skips_groups_whose_rewards_all_arrived(start_gateway, fake
         assert response.status_code == 200, response.text
     (row,) = _finished(db, "agent")
     assert set(row["ids"]) == set(partly)
-    import time
 
     time.sleep(1.0)
     assert len(_judgements(db, "agent")) == 1
@@ -356,7 +354,6 @@ def test_over_the_budget_judging_waits_and_says_so(start_gateway, fake_upstream,
         return 'apprentice_judge_budget_exhausted{policy="agent"} 1.0' in text
 
     wait_for(gauge, message="the budget gauge at 1")
-    import time
 
     time.sleep(1.0)
     assert len(_judgements(db, "agent")) == 2  # the third group waits
@@ -424,7 +421,15 @@ def test_a_group_whose_members_arrive_one_by_one_puts_each_before_the_judge_at_m
             seed=seed * 7,
         )
         members.append(raw.headers["x-trajectory-id"])
-        time.sleep(1.0)  # quiet (reward_wait_s 0.3) and judged before the next one arrives
+        # quiet (reward_wait_s 0.3) and judged before the next one arrives (a group of one is not judged)
+        if seed:
+            wait_for(
+                lambda newest=members[-1]: [
+                    r for r in _judgements(db, "trickle") if newest in r["ids"] and r["status"] != "running"
+                ],
+                timeout=20,
+                message=f"member {seed} judged",
+            )
 
     def all_scored() -> list[dict[str, Any]] | None:
         rows = _judgements(db, "trickle")
