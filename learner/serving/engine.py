@@ -190,6 +190,15 @@ def _merge_caches(a: DynamicCache, b: DynamicCache, length: int) -> DynamicCache
     return DynamicCache(ddp_cache_data=data)
 
 
+def _cache_rows(cache: DynamicCache, index: torch.Tensor, first: int = 0) -> DynamicCache:
+    """Rows `index` of a cache (repeated rows copied), from time column `first` on."""
+    data = [
+        (k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:])
+        for k, v in _cache_tensors(cache)
+    ]
+    return DynamicCache(ddp_cache_data=data)
+
+
 def _distinct_prompts(seqs: list[_Sequence]) -> tuple[list[tuple[tuple[int, ...], str | None]], list[int]]:
     """The distinct (prompt, adapter) pairs of `seqs` in first-seen order, and for each sequence
     the index of its pair: row i of the batch is row `rows[i]` of the distinct prefill."""
@@ -454,9 +463,7 @@ class GenerationEngine:
         logits = self._forward([adapter for _, adapter in distinct], input_ids, mask, position_ids, cache)
         if len(distinct) < len(seqs):
             index = torch.tensor(rows, dtype=torch.long, device=self.device)
-            cache = DynamicCache(
-                ddp_cache_data=[(k.index_select(0, index), v.index_select(0, index)) for k, v in _cache_tensors(cache)]
-            )
+            cache = _cache_rows(cache, index)
             mask, logits = mask.index_select(0, index), logits.index_select(0, index)
         new = _Batch(seqs, cache, mask, mask.sum(-1))
         self.stats.prefills += 1
@@ -579,13 +586,9 @@ class GenerationEngine:
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         mask = batch.mask.index_select(0, index)
         first = int((mask.sum(0) > 0).nonzero()[0].item())  # leading columns that are padding for all
-        data = [
-            (k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:])
-            for k, v in _cache_tensors(batch.cache)
-        ]
         self._batch = _Batch(
             [batch.seqs[r] for r in keep],
-            DynamicCache(ddp_cache_data=data),
+            _cache_rows(batch.cache, index, first),
             mask[:, first:],
             batch.positions.index_select(0, index),
         )
