@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from apprentice.discovery.entries import EntryError, parse_entry, parse_nameserver
@@ -815,6 +815,17 @@ class JournalSettings(BaseModel):
     fsync: bool = False
 
 
+def _refuse_boolean(value: Any) -> Any:
+    """JSON's true and false are not numbers, but pydantic's lax mode reads them as 1 and 0: a
+    `"requests_per_minute": true` was stored as a limit of 1 a minute."""
+    if isinstance(value, bool):
+        raise ValueError("a number is required, not true or false")
+    return value
+
+
+# A number the API or a config file stores (a limit, a bound, a version number): never a boolean.
+NotBoolean = BeforeValidator(_refuse_boolean)
+
 MAX_REQUESTS_PER_MINUTE = 1_000_000_000
 MAX_TOKENS_PER_MINUTE = 1_000_000_000_000
 MAX_BUDGET_USD = 1_000_000_000.0
@@ -833,13 +844,13 @@ class RateLimits(BaseModel):
     # Each has an upper bound: a key's limits are stored as JSON and read back by every gateway,
     # so a number no reader can hold (past 64 bits) must never be stored. The bounds are far
     # above any real limit; the OpenAPI document states them (maximum).
-    requests_per_minute: int | None = Field(default=None, ge=1, le=MAX_REQUESTS_PER_MINUTE)
+    requests_per_minute: Annotated[int | None, NotBoolean] = Field(default=None, ge=1, le=MAX_REQUESTS_PER_MINUTE)
     # Prompt and completion tokens; a call reserves body bytes / 4 before it, the upstream's
     # usage replaces the estimate after it.
-    tokens_per_minute: int | None = Field(default=None, ge=1, le=MAX_TOKENS_PER_MINUTE)
+    tokens_per_minute: Annotated[int | None, NotBoolean] = Field(default=None, ge=1, le=MAX_TOKENS_PER_MINUTE)
     # US dollars per `LimitSettings.budget_window_s`, from the upstream's prices (`model_info`'s
     # input_cost_per_token / output_cost_per_token, else litellm's local cost map).
-    budget_usd: float | None = Field(default=None, gt=0, le=MAX_BUDGET_USD)
+    budget_usd: Annotated[float | None, NotBoolean] = Field(default=None, gt=0, le=MAX_BUDGET_USD)
 
     @property
     def any(self) -> bool:

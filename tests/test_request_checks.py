@@ -75,6 +75,12 @@ def test_key_limits_are_bounded_and_a_bad_stored_row_does_not_break_the_listing(
     ):
         _refused(admin.put(f"/admin/keys/{key_id}/limits", json={field: too_big}), field)
         _refused(admin.post("/admin/keys", json={"name": "n", "limits": {field: too_big}}), f"limits.{field}")
+    # JSON's true is not a number (seed 1695329503 found it stored as a limit of 1 a minute).
+    for field in ("requests_per_minute", "tokens_per_minute", "budget_usd"):
+        _refused(admin.put(f"/admin/keys/{key_id}/limits", json={field: True}), field)
+        _refused(admin.post("/admin/keys", json={"name": "n", "limits": {field: False}}), f"limits.{field}")
+    rollback = admin.post("/admin/policies/agent/rollback", json={"version": True})
+    assert rollback.status_code == 400 and "version" in rollback.text, rollback.text
     infinite = admin.put(
         f"/admin/keys/{key_id}/limits",
         content=b'{"budget_usd": Infinity}',

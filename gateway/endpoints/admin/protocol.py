@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import fields
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -22,6 +22,7 @@ from apprentice.promotion.provenance import Provenance
 from apprentice.promotion.rows import AdapterVersion, TrainingRun, Transition
 from apprentice.promotion.serving import ActionResult
 from apprentice.promotion.status import VersionStatus
+from apprentice.settings import NotBoolean
 from gateway.judging.agreement import AgreementReport, Bucket, Figures, Interval
 
 
@@ -272,7 +273,7 @@ class RollbackIn(ActionIn):
     )
 
     version_id: str | None = Field(default=None, description="The retired version's id or LoRA name.")
-    version: int | str | None = Field(default=None, description='Or its number (3 or "v3").')
+    version: Annotated[int | str | None, NotBoolean] = Field(default=None, description='Or its number (3 or "v3").')
 
     @model_validator(mode="after")
     def _one(self) -> RollbackIn:
@@ -487,9 +488,9 @@ class TrajectoryQueryIn(_StoredDocument):
     since: datetime | None = Field(default=None, description="Trajectories whose last call is at or after this.")
     until: datetime | None = Field(default=None, description="... and before this.")
     reward_name: str | None = Field(default=None, description="Filter on this current reward (default: the policy's).")
-    min_reward: float | None = None
-    max_reward: float | None = None
-    limit: int = Field(default=100, ge=1, le=10_000)
+    min_reward: Annotated[float | None, NotBoolean] = None
+    max_reward: Annotated[float | None, NotBoolean] = None
+    limit: Annotated[int, NotBoolean] = Field(default=100, ge=1, le=10_000)
 
 
 class EvalItemsIn(_StoredDocument):
