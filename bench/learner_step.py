@@ -1,18 +1,20 @@
 """One GRPO optimizer step: Apprentice's trainer vs a bare torch+peft loop vs TRL's GRPOTrainer.
 
 All three compute the same loss (clipped ratio, eps 0.2/0.28, token-level mean, no KL) on the
-same batch (--batch sequences of --prompt-tokens + --completion-tokens, advantages +-1) with the
+same batch (--batch sequences of --prompt-tokens + --completion-tokens, advantages +-1; each batch
+twice: every row its own prompt, then one GRPO group, every row answering one prompt) with the
 same model (SmolLM2-135M-Instruct unless --model, LoRA r=8 on all seven projections), then clip
 the gradient and take an AdamW step. The figure is the median wall time of --steps steps after
 one warm-up step, and tokens/s over all tokens of the batch.
 
 - bare: `model(...).logits` over every position, log_softmax, gather, mask; the textbook loop.
 - apprentice: `GRPOTrainer.backward_step` (hidden states gathered at loss positions before the
-  LM head), at micro-batch = batch and at micro-batch = batch / 2 with 2 accumulation steps.
+  LM head; the prefix all rows of a micro-batch share run once), at micro-batch = batch and at
+  micro-batch = batch / 2 with 2 accumulation steps.
 - trl: `GRPOTrainer.compute_loss` (loss_type "bnpo", the token-level mean) on the same
   tensors, when trl imports here (`pip install trl`, or PYTHONPATH to a directory holding it).
 
-    python -m bench.learner_step [--model DIR] [--steps 5] [--batch 8] [--threads 2]
+    python -m bench.learner_step [--model DIR] [--steps 5] [--batch 8] [--threads 2] [--prompts K ...]
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ def fresh_lora(model_dir: str) -> Any:
     return new_lora(model, 8, 16, TARGETS)
 
 
-def make_batch(vocab: int, batch: int, prompt: int, completion: int) -> dict[str, torch.Tensor]:
+def make_batch(vocab: int, batch: int, prompt: int, completion: int, prompts: int) -> dict[str, torch.Tensor]:
+    """`batch` rows answering `prompts` distinct prompts (a GRPO group's rows share theirs)."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(100, vocab - 100, (batch, prompt + completion), generator=generator)
+    ids[:, :prompt] = ids[torch.arange(batch) % prompts, :prompt]
     advantages = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(batch)])
     return {"ids": ids, "advantages": advantages, "prompt": torch.tensor(prompt)}
 
@@ -196,6 +200,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--completion-tokens", type=int, default=64)
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        action="append",
+        help="distinct prompts in the batch, once per value (default: one a row, then 1: the batch is one GRPO "
+        "group, whose prompt the Apprentice trainer runs once)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-trl", action="store_true")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
@@ -219,36 +230,39 @@ def main() -> None:
         rows.append([name, f"{median:.2f}", f"{min(times):.2f}", f"{tokens / median:.0f}", extra])
         print(f"{name}: median {median:.2f}s min {min(times):.2f}s, {tokens / median:.0f} tokens/s {extra}", flush=True)
 
-    model = fresh_lora(model_dir)
-    batch = make_batch(model.get_base_model().config.vocab_size, args.batch, args.prompt_tokens, args.completion_tokens)
-    record("bare torch+peft loop (full logits)", timed(bare_loop(model, batch), args.steps))
-    for micro in (args.batch, max(1, args.batch // 2)):
+    for prompts in args.prompts or [args.batch, 1]:
+        shape = f"{prompts} prompt{'s' if prompts > 1 else ''}"
         model = fresh_lora(model_dir)
-        step, scoring = apprentice_step(model, batch, micro)
-        accumulation = args.batch // micro
-        record(
-            f"apprentice GRPOTrainer, micro-batch {micro} x {accumulation}",
-            timed(step, args.steps),
-            f"once-per-run scoring pass {scoring:.2f}s",
-        )
-    if not args.no_trl:
-        model = fresh_lora(model_dir)
-        step = trl_step(model, model_dir, batch)
-        if isinstance(step, str):
-            notes.append(step)
-            print(step)
-        else:
-            import trl
+        vocab = model.get_base_model().config.vocab_size
+        batch = make_batch(vocab, args.batch, args.prompt_tokens, args.completion_tokens, prompts)
+        record(f"bare torch+peft loop (full logits), {shape}", timed(bare_loop(model, batch), args.steps))
+        for micro in (args.batch, max(1, args.batch // 2)):
+            model = fresh_lora(model_dir)
+            step, scoring = apprentice_step(model, batch, micro)
+            accumulation = args.batch // micro
+            record(
+                f"apprentice GRPOTrainer, micro-batch {micro} x {accumulation}, {shape}",
+                timed(step, args.steps),
+                f"once-per-run scoring pass {scoring:.2f}s",
+            )
+        if not args.no_trl:
+            model = fresh_lora(model_dir)
+            trl_loop = trl_step(model, model_dir, batch)
+            if isinstance(trl_loop, str):
+                notes.append(trl_loop)
+                print(trl_loop)
+            else:
+                import trl
 
-            try:
-                record(
-                    f"TRL {trl.__version__} GRPOTrainer.compute_loss (bnpo)",
-                    timed(step, args.steps),
-                    "logits at completion positions (logits_to_keep); also computes entropies",
-                )
-            except Exception as exc:
-                notes.append(f"TRL {trl.__version__}: compute_loss failed here: {type(exc).__name__}: {exc}"[:200])
-                print(notes[-1])
+                try:
+                    record(
+                        f"TRL {trl.__version__} GRPOTrainer.compute_loss (bnpo), {shape}",
+                        timed(trl_loop, args.steps),
+                        "logits at completion positions (logits_to_keep); also computes entropies",
+                    )
+                except Exception as exc:
+                    notes.append(f"TRL {trl.__version__}: compute_loss failed here: {type(exc).__name__}: {exc}"[:200])
+                    print(notes[-1])
     load = os.getloadavg()
     body = "\n\n".join(
         [
@@ -258,9 +272,10 @@ def main() -> None:
             f"{args.completion_tokens} completion tokens, same loss (clipped ratio, eps 0.2/0.28, token mean) "
             "in all rows.",
             markdown_table(["implementation", "median step (s)", "best (s)", "tokens/s", "notes"], rows),
-            "The Apprentice trainer applies the LM head only at loss positions (half the tokens here); the scoring "
-            "pass (old-policy logprobs, no gradient) runs once per learner run, not per step. Micro-batching trades a "
-            "little speed for bounded memory at the same gradient.",
+            "The Apprentice trainer applies the LM head only at loss positions (half the tokens here) and runs the "
+            "prefix that every row of a micro-batch shares once (a group's prompt: the rows with 1 prompt; random "
+            "prompts share nothing); the scoring pass (old-policy logprobs, no gradient) runs once per learner run, "
+            "not per step. Micro-batching trades a little speed for bounded memory at the same gradient.",
             *notes,
             f"{machine_line()} torch {torch.__version__}, {args.threads} threads; load average during the run "
             f"{load[0]:.1f} / {load[1]:.1f} (other work shares these cores, so absolute times are noisy).",

@@ -94,7 +94,8 @@ class DistributedGRPOTrainer(GRPOTrainer):
             sizes = {sample: sum(int(r.ids.numel()) for r in rows) for sample, rows in by_sample.items()}
             shares = [split_step(step, sizes, self.distributed.world_size) for step in steps]
             if self.fsdp:
-                self.wrapped = wrap(LossPositionLogits(self.model, self._full_forward), self.model, self.distributed)
+                logits = LossPositionLogits(self.model, self._full_forward, share_prefix=False)
+                self.wrapped = wrap(logits, self.model, self.distributed)
                 self._fill_references(rows, {})  # every rank, every row: the same forwards everywhere
             else:
                 mine = sorted({s for share in shares for s in share[self.distributed.rank]})

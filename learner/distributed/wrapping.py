@@ -26,12 +26,14 @@ from learner.grpo.trainer import loss_position_logits
 
 
 class LossPositionLogits(torch.nn.Module):
-    """forward(input_ids, batch_index, positions) -> the logits that predict the loss tokens."""
+    """forward(input_ids, batch_index, positions) -> the logits that predict the loss tokens.
+    `share_prefix`: run the rows' common prefix once (not under FSDP: see loss_position_logits)."""
 
-    def __init__(self, model: Any, full_forward: bool) -> None:
+    def __init__(self, model: Any, full_forward: bool, share_prefix: bool = True) -> None:
         super().__init__()
         self.model = model
         self.full_forward = full_forward
+        self.share_prefix = share_prefix
 
     def forward(self, input_ids: torch.Tensor, batch_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         base = self.model.get_base_model()
@@ -43,6 +45,7 @@ class LossPositionLogits(torch.nn.Module):
             input_ids,
             batch_index,
             positions,
+            self.share_prefix,
         )
 
 

@@ -23,13 +23,17 @@ The run, in order:
 Only loss positions reach the LM head: the decoder's hidden states are gathered at those
 positions before the vocabulary projection, which saves most of the head's time and memory
 (prompts are usually most of a sequence). Models whose head does more than a projection
-(logit soft-capping or scaling) take the plain full-logits path.
+(logit soft-capping or scaling) take the plain full-logits path. And the prefix that every row of
+a batch starts with (a group's prompt; at least the system prompt) goes through the decoder once,
+its key/value cache shared by the rows (`shared_prefix_hidden`): rows are batched in token order
+so that a group's answers share their micro-batches.
 
 The same code runs on CUDA (bf16 weights, fp32 adapter and log-softmax) and on CPU (fp32).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import time
@@ -172,6 +176,13 @@ def _group_by_sample(rows: Sequence[_Row]) -> dict[int, list[_Row]]:
     for row in rows:
         by_sample.setdefault(row.sample, []).append(row)
     return by_sample
+
+
+def _batch_order(row: _Row) -> tuple[int, ...]:
+    """Rows in token order: rows that start alike (a group's answers to one prompt) are neighbours and
+    so share micro-batches, whose common prefix the decoder runs once (shared_prefix_hidden). That
+    saves more than ordering by length did: a prompt is most of a row, padding at most an answer."""
+    return tuple(row.ids.tolist())
 
 
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
@@ -375,11 +386,12 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def _score(self, rows: Sequence[_Row]) -> list[torch.Tensor]:
-        """Each row's loss-token logprobs, in row order. Rows of similar length share a batch (less
-        padding); without gradients, a batch twice the training micro-batch fits."""
-        by_length = sorted(range(len(rows)), key=lambda i: rows[i].ids.numel())
+        """Each row's loss-token logprobs, in row order. Rows that start alike share a batch (their
+        common prefix is run once, `_batch_order`); without gradients, a batch twice the training
+        micro-batch fits."""
+        ordered = sorted(range(len(rows)), key=lambda i: _batch_order(rows[i]))
         scores: dict[int, torch.Tensor] = {}
-        for chunk in _chunks(by_length, max(1, 2 * self.config.micro_batch_size)):
+        for chunk in _chunks(ordered, max(1, 2 * self.config.micro_batch_size)):
             values = self._logprobs([rows[i] for i in chunk]).float().cpu()
             for i, part in zip(chunk, values.split([rows[i].size for i in chunk]), strict=True):
                 scores[i] = part
@@ -424,7 +436,7 @@ class GRPOTrainer:
         The step's token weights are fixed first, from all its rows, so the accumulated gradient
         is the same however the rows are split into micro-batches.
         """
-        ordered = sorted(step_rows, key=lambda r: r.ids.numel())  # similar lengths share a batch: less padding
+        ordered = sorted(step_rows, key=_batch_order)
         weight_of = self._sample_weights(ordered)
         sums = StepSums()
         for micro in _chunks(ordered, self.config.micro_batch_size):
@@ -541,14 +553,65 @@ def loss_position_logits(
     input_ids: torch.Tensor,
     batch_index: torch.Tensor,
     positions: torch.Tensor,
+    share_prefix: bool = True,
 ) -> torch.Tensor:
     """Logits at the positions that predict loss tokens: the decoder's hidden states gathered there
     before the vocabulary projection (see the module docstring), or the full forward for heads that
-    do more than project."""
+    do more than project. A prefix every row starts with is run once (`shared_prefix_hidden`) unless
+    `share_prefix` is False: FSDP2 frees a layer's gathered weights after each call of it, so a layer
+    called twice in one forward has lost the first call's weights by the backward."""
     if full_forward:
         return model(input_ids=input_ids).logits[batch_index, positions - 1]
-    hidden = decoder(input_ids=input_ids).last_hidden_state
-    return head(hidden[batch_index, positions - 1])
+    first_read = int(positions.min()) - 1 if share_prefix else 0
+    hidden, offset = shared_prefix_hidden(decoder, input_ids, first_read)
+    return head(hidden[batch_index, positions - 1 - offset])
+
+
+# A prefix shorter than this is run with every row: one more pass would cost more than it saves.
+MIN_SHARED_PREFIX = 8
+
+
+def shared_prefix_length(input_ids: torch.Tensor, first_read: int) -> int:
+    """How many leading tokens every row of `input_ids` has in common, up to `first_read`, the first
+    position whose hidden state is read (the one that predicts the batch's earliest loss token)."""
+    if input_ids.size(0) < 2:
+        return 0
+    differs = (input_ids != input_ids[:1]).any(dim=0).nonzero()
+    common = int(differs[0]) if differs.numel() else int(input_ids.size(1))
+    return max(0, min(common, first_read))
+
+
+def shared_prefix_hidden(decoder: Any, input_ids: torch.Tensor, first_read: int) -> tuple[torch.Tensor, int]:
+    """The decoder's hidden states from position `offset` on, with the rows' common prefix run once.
+
+    The rows of a batch usually start alike: a group's answers share their whole prompt, and every
+    row of a policy shares its system prompt. Prompts are most of a sequence, so the decoder runs
+    the common prefix (positions < p, p = shared_prefix_length) for one row, copies its key/value
+    cache to every row (`batch_repeat_interleave`) and runs only the rows' remainders against it:
+
+        hidden[:, p:] = decoder(ids[:, p:], cache = repeat(decoder(ids[:1, :p]).cache, rows))
+
+    Under causal attention the prefix's states do not depend on what follows them, so this is the
+    full forward's hidden[:, p:] (to float rounding), and its gradient too: the backward of the
+    repeat sums the rows' gradients into the one prefix pass, as the full forward's would. Positions
+    below p are never read (p <= first_read). A LoRA dropout above 0 then draws one mask for the
+    shared prefix instead of one a row: the same expected gradient. Returns (hidden, p); p = 0 (the
+    plain forward) when the prefix is short or the model's cache cannot be repeated.
+    """
+    prefix = shared_prefix_length(input_ids, first_read)
+    if prefix >= MIN_SHARED_PREFIX:
+        head_pass = decoder(input_ids=input_ids[:1, :prefix], use_cache=True)
+        cache = getattr(head_pass, "cache", None) or getattr(head_pass, "past_key_values", None)
+        if cache is not None and hasattr(cache, "batch_repeat_interleave"):
+            cache.batch_repeat_interleave(int(input_ids.size(0)))
+            rest = decoder(input_ids=input_ids[:, prefix:], use_cache=True, **{_cache_keyword(decoder): cache})
+            return rest.last_hidden_state, prefix
+    return decoder(input_ids=input_ids).last_hidden_state, 0
+
+
+def _cache_keyword(decoder: Any) -> str:
+    """transformers renamed `past_key_values` to `cache` (5.x); the decoder's forward says which it takes."""
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
 
 # ---------------------------------------------------------------------- bookkeeping beside the training loop

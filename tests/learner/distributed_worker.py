@@ -29,12 +29,18 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
 BASE_LEARNING = {"lr": 5e-3, "micro_batch_size": 2, "grad_accumulation": 3, "seed": 7, "max_grad_norm": 100.0}
 
 
+# Every prompt starts with it, as with a chat template's system prompt: the trainer runs a prefix
+# that all rows of a micro-batch share once (trainer.shared_prefix_hidden), under each wrapper too.
+SYSTEM_PROMPT = [1, *range(50, 60)]
+
+
 def learning(case: str) -> LearningSettings:
     return LearningSettings(**{**BASE_LEARNING, **CASES[case][2]})
 
 
 def samples() -> list[Any]:
-    """Ten trajectories of different lengths and advantages (one with two segments), at two temperatures."""
+    """Ten trajectories of different lengths and advantages (one with two segments), at two temperatures,
+    their prompts sharing SYSTEM_PROMPT."""
     from learner.grpo.tokens import Segment
     from learner.grpo.trainer import TrainSample
 
@@ -44,7 +50,7 @@ def samples() -> list[Any]:
 
     out = []
     for i in range(10):
-        prompt = [1, 20 + i, 30, 40 + 2 * i][: 2 + i % 3]
+        prompt = SYSTEM_PROMPT + [20 + i, 30, 40 + 2 * i][: 1 + i % 3]
         completion = [100 + 7 * i + j for j in range(2 + (i * 5) % 6)] + [2]
         advantage = (1.0 if i % 2 else -1.0) * (0.5 + 0.1 * i)
         segments = [segment(prompt, completion, 1.0 if i % 3 else 0.7)]

@@ -31,7 +31,10 @@ from tests.learner import distributed_worker as worker
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-ATOL = 1e-5  # 0.1% of the largest update (1e-2); measured differences are up to 1.9e-6
+# 0.3% of the largest update (1e-2). Measured differences: up to 1.9e-6 when every row ran whole, up to
+# 1.04e-5 since a micro-batch runs its rows' common prefix once: the ranks batch other rows together than
+# the one process does, so their prefixes, and the float rounding of their attention sums, differ.
+ATOL = 3e-5
 
 
 @pytest.fixture(scope="module")
@@ -103,4 +106,6 @@ def test_two_gloo_processes_train_the_one_process_adapter(case, two_ranks, tiny_
     figures = rank0["figures"]
     assert figures == rank1["figures"], "every rank reports the same (reduced) figures"
     for key, expected in single_figures.items():
-        assert figures[key] == pytest.approx(expected, rel=1e-5, abs=1e-7), key
+        # abs: a step's loss is a sum of terms that cancel (to 0.016-0.08 here); float rounding, and the
+        # other prefixes the ranks share (see ATOL), move it by up to 6.2e-6. A wrong reduction is off by far more.
+        assert figures[key] == pytest.approx(expected, rel=1e-5, abs=2e-5), key

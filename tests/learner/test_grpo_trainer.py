@@ -201,3 +201,48 @@ def test_the_first_step_takes_old_logprobs_from_its_own_forward_pass_and_trains_
     assert any(not torch.equal(deferred[k], start[k]) for k in start), "the run trained"
     for key, value in deferred.items():
         assert torch.allclose(value, scored_all[key], atol=1e-6), key
+
+
+def test_a_prefix_every_row_shares_runs_once_with_the_same_logprobs_and_gradients(tiny_peft):
+    """A group's answers share their prompt: the decoder runs it once, for one row, and the rows'
+    remainders attend to its copied cache. Logprobs and the gradient are the full forward's."""
+    from learner.grpo.trainer import MIN_SHARED_PREFIX, loss_position_logits, shared_prefix_length
+
+    prompt = [1] + list(range(20, 20 + 2 * MIN_SHARED_PREFIX))  # longer than the threshold
+    answers = [[100, 101, 102, 2], [200, 201, 2], [100, 103, 104, 105, 106, 2], [201, 2]]
+    rows = [prompt + answer for answer in answers]
+    input_ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = torch.tensor(row)
+    batch_index = torch.cat([torch.full((len(a),), i) for i, a in enumerate(answers)])
+    positions = torch.cat([torch.arange(len(prompt), len(prompt) + len(a)) for a in answers])
+    assert shared_prefix_length(input_ids, int(positions.min()) - 1) == len(prompt) - 1
+
+    base = tiny_peft.get_base_model()
+    decoder, head = base.get_decoder(), base.get_output_embeddings()
+    seen: list[int] = []  # tokens of each decoder pass
+    hook = decoder.register_forward_pre_hook(lambda _m, _a, kw: seen.append(kw["input_ids"].numel()), with_kwargs=True)
+    tiny_peft.train()
+
+    def logits_and_gradient(shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        tiny_peft.zero_grad(set_to_none=True)
+        if shared:
+            logits = loss_position_logits(tiny_peft, decoder, head, False, input_ids, batch_index, positions)
+        else:
+            logits = head(decoder(input_ids=input_ids).last_hidden_state[batch_index, positions - 1])
+        logp = torch.log_softmax(logits, -1).gather(-1, input_ids[batch_index, positions, None])
+        (logp.squeeze(-1) * torch.linspace(-1, 1, logp.numel())).sum().backward()
+        gradient = torch.cat([p.grad.flatten() for p in tiny_peft.parameters() if p.requires_grad])
+        return logp.detach(), gradient
+
+    try:
+        plain_logp, plain_gradient = logits_and_gradient(shared=False)
+        seen.clear()
+        shared_logp, shared_gradient = logits_and_gradient(shared=True)
+    finally:
+        hook.remove()
+    width = input_ids.size(1)
+    assert seen == [len(prompt) - 1, len(rows) * (width - len(prompt) + 1)], "the prefix ran once, for one row"
+    assert plain_gradient.abs().sum() > 0
+    assert torch.allclose(plain_logp, shared_logp, atol=1e-5)
+    assert torch.allclose(plain_gradient, shared_gradient, atol=1e-5)
