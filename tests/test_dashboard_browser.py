@@ -25,6 +25,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,8 +127,10 @@ def call_policy(gateway: GatewayProcess, content: str, index: int) -> tuple[str,
 
 
 def send_group(gateway: GatewayProcess, task: str) -> tuple[list[str], set[str]]:
-    """SAMPLES calls of one task (a group: same prompt), rewarded 0, 1, 0, 1: (trajectory ids, served by)."""
-    calls = [call_policy(gateway, task, i) for i in range(SAMPLES)]
+    """SAMPLES calls of one task (a group: same prompt), rewarded 0, 1, 0, 1: (trajectory ids, served by).
+    Sent at once, as an agent's group is: the server batches them (each call is seeded)."""
+    with ThreadPoolExecutor(SAMPLES) as pool:
+        calls = list(pool.map(lambda i: call_policy(gateway, task, i), range(SAMPLES)))
     rewards = [{"trajectory_id": t, "reward": float(i % 2)} for i, (t, _) in enumerate(calls)]
     answer = httpx.post(f"{gateway.base_url}/rewards", json={"rewards": rewards}, headers=AUTH, timeout=60)
     assert answer.status_code == 200, answer.text

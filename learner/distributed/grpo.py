@@ -58,7 +58,6 @@ from learner.grpo.trainer import (
     _Row,
     _RunMeter,
     _show_progress,
-    sample_prompts,
     step_sizes,
 )
 
@@ -91,7 +90,7 @@ class DistributedGRPOTrainer(GRPOTrainer):
         rows = self._all_rows(samples, result.dropped)
         by_sample = self._by_sample(rows, result)
         if by_sample:
-            steps = self._plan(sorted(by_sample), step_sizes(samples, by_sample), sample_prompts(by_sample))
+            steps = self._plan(sorted(by_sample), step_sizes(samples, by_sample))
             sizes = {sample: sum(int(r.ids.numel()) for r in rows) for sample, rows in by_sample.items()}
             shares = [split_step(step, sizes, self.distributed.world_size) for step in steps]
             if self.fsdp:

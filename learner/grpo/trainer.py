@@ -11,7 +11,7 @@ The run, in order:
    "old" exactly (as TRL takes it with one iteration per batch). A live loop's run is often one
    step of data that older versions sampled, all of which would otherwise need a scoring pass:
    a third of the run's compute on a CPU.
-2. Split the samples into optimizer steps (whole trajectories, a group's together; shuffled, seeded). A step's
+2. Split the samples into optimizer steps (whole trajectories; shuffled, seeded). A step's
    token weights are fixed before its first micro-batch (see loss.aggregation_weights), so
    micro-batches plus gradient accumulation compute exactly the full step's gradient while
    memory stays bounded by one micro-batch.
@@ -171,16 +171,6 @@ def step_sizes(samples: Sequence[TrainSample], rows_by_sample: dict[int, list[_R
     return {index: max(len(rows), samples[index].answers) for index, rows in rows_by_sample.items()}
 
 
-def sample_prompts(rows_by_sample: dict[int, list[_Row]]) -> dict[int, tuple[int, ...]]:
-    """Each sample's prompt: the tokens before the first loss token of its first row (a run's first
-    call's prompt), what a group's members share."""
-    prompts: dict[int, tuple[int, ...]] = {}
-    for sample, rows in rows_by_sample.items():
-        first = rows[0]
-        prompts[sample] = tuple(first.ids[: int(first.positions[0])].tolist())
-    return prompts
-
-
 def _group_by_sample(rows: Sequence[_Row]) -> dict[int, list[_Row]]:
     by_sample: dict[int, list[_Row]] = {}
     for row in rows:
@@ -298,7 +288,7 @@ class GRPOTrainer:
         result = TrainResult(kl_reference="base" if self.config.kl_beta > 0 else "start")
         rows = self.build_rows(samples, result.dropped)
         planned = _group_by_sample(rows)  # the steps are planned before `old` is filled (see _fill_old)
-        steps = self._plan(sorted(planned), step_sizes(samples, planned), sample_prompts(planned))
+        steps = self._plan(sorted(planned), step_sizes(samples, planned))
         first_step = set(steps[0]) if steps and self.config.kl_beta == 0 else set()
         rows_by_sample = self._by_sample(self._fill_references(rows, result.dropped, first_step), result)
         steps = [kept for kept in ([s for s in step if s in rows_by_sample] for step in steps) if kept]
@@ -467,34 +457,19 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ 2. samples -> optimizer steps
 
-    def _plan(
-        self,
-        samples: Sequence[int],
-        rows_per_sample: dict[int, int],
-        prompt_of: dict[int, tuple[int, ...]] | None = None,
-    ) -> list[list[int]]:
+    def _plan(self, samples: Sequence[int], rows_per_sample: dict[int, int]) -> list[list[int]]:
         """Optimizer steps as lists of sample indices: shuffled per epoch, never splitting a sample.
 
         A step holds micro_batch_size x grad_accumulation of `rows_per_sample` (step_sizes: each
         sample's answers, or its rows when more), so the same answers make the same number of
         steps whether they came as single calls or as runs of several calls.
-
-        With `prompt_of` (each sample's prompt, `sample_prompts`), the samples of one prompt (a
-        group) stay together in the shuffle, as GRPO implementations keep a prompt's generations in
-        one batch (TRL's RepeatSampler): a step then holds whole groups, whose advantages sum to 0
-        within it, and a group's rows share micro-batches and so their prompt's pass (micro_batches).
-        A group larger than the room left in a step continues in the next one.
         """
         rng = random.Random(self.config.seed)
         per_step = self.config.micro_batch_size * self.config.grad_accumulation
-        units: dict[tuple[int, ...] | int, list[int]] = {}
-        for sample in samples:
-            units.setdefault(prompt_of[sample] if prompt_of is not None else sample, []).append(sample)
         steps: list[list[int]] = []
         for _ in range(self.config.epochs):
-            shuffled = list(units.values())
-            rng.shuffle(shuffled)
-            order = [sample for unit in shuffled for sample in rng.sample(unit, len(unit))]
+            order = list(samples)
+            rng.shuffle(order)
             current: list[int] = []
             size = 0
             for sample in order:

@@ -275,23 +275,3 @@ def test_micro_batches_keep_a_prompts_rows_together_and_pack_prompts_that_share_
     assert sorted(id(r) for batch in micro_batches(groups + unique, 8) for r in batch) == sorted(
         id(r) for r in groups + unique
     ), "every row exactly once"
-
-
-def test_the_plan_keeps_a_groups_samples_together_in_the_shuffle():
-    """Steps hold whole groups (a group larger than the room left continues in the next step):
-    each prompt's samples are neighbours in the plan, in a seeded order of groups."""
-    from learner.grpo.trainer import _group_by_sample, _row, sample_prompts
-
-    prompts = [[1, 20 + n, 30, 40] for n in range(5)]
-    rows = [_row(4 * n + k, segment(prompts[n], [100 + k, 2])) for n in range(5) for k in range(4)]
-    by_sample = _group_by_sample(rows)
-    trainer = GRPOTrainer.__new__(GRPOTrainer)
-    trainer.config = trainer_config(micro_batch_size=3, grad_accumulation=2, epochs=2)
-    steps = trainer._plan(sorted(by_sample), {s: 1 for s in by_sample}, sample_prompts(by_sample))
-    assert all(len(step) <= 6 for step in steps) and len(steps) == 8  # 20 samples, 6 a step, 2 epochs
-    order = [sample for step in steps for sample in step]
-    for epoch in (order[:20], order[20:]):
-        groups = [sample // 4 for sample in epoch]
-        assert sorted(epoch) == list(range(20))
-        assert all(groups[i] == groups[i + 1] for i in range(19) if i % 4 != 3), groups
-    assert order[:20] != sorted(order[:20]), "groups come in a shuffled order"
