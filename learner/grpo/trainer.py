@@ -25,8 +25,8 @@ positions before the vocabulary projection, which saves most of the head's time 
 (prompts are usually most of a sequence). Models whose head does more than a projection
 (logit soft-capping or scaling) take the plain full-logits path. And the prefix that every row of
 a batch starts with (a group's prompt; at least the system prompt) goes through the decoder once,
-its key/value cache shared by the rows (`shared_prefix_hidden`): micro-batches are packed so that
-a group's answers share theirs (`micro_batches`).
+its key/value cache shared by the rows (`shared_prefix_hidden`): rows are batched in token order
+so that a group's answers share their micro-batches.
 
 The same code runs on CUDA (bf16 weights, fp32 adapter and log-softmax) and on CPU (fp32).
 """
@@ -178,70 +178,11 @@ def _group_by_sample(rows: Sequence[_Row]) -> dict[int, list[_Row]]:
     return by_sample
 
 
-def micro_batches(rows: Sequence[_Row], size: int) -> list[list[_Row]]:
-    """`rows` in micro-batches of at most `size`, packed so that the decoder runs few tokens.
-
-    A micro-batch runs the prefix its rows share once (shared_prefix_hidden), so the rows are taken
-    in token order (a group's answers to one prompt are neighbours) and each prompt's rows are kept
-    together: a prompt's rows join the current micro-batch only when they fit and the decoder runs
-    fewer tokens for the two together than apart (`_decoder_tokens`). Groups of 6 in micro-batches
-    of 8 then go one group a micro-batch (each runs its whole prompt once), where cutting every 8
-    rows left two prompts in each, sharing only their system prompt; prompts that never repeat still
-    share a micro-batch, and its system prompt. A prompt with more rows than `size` fills whole
-    micro-batches first. The split does not change the step's gradient (see backward_step).
-    """
-    prompts: list[list[_Row]] = []
-    for row in sorted(rows, key=lambda r: tuple(r.ids.tolist())):
-        if prompts and _same_prompt(prompts[-1][0], row):
-            prompts[-1].append(row)
-        else:
-            prompts.append([row])
-    batches: list[list[_Row]] = []
-    current: list[_Row] = []
-    for prompt_rows in prompts:
-        for chunk in _chunks(prompt_rows, size):
-            together = _decoder_tokens([*current, *chunk])
-            if current and (
-                len(current) + len(chunk) > size or together > _decoder_tokens(current) + _decoder_tokens(chunk)
-            ):
-                batches.append(current)
-                current = []
-            current = [*current, *chunk]
-    if current:
-        batches.append(current)
-    return batches
-
-
-def _same_prompt(first: _Row, other: _Row) -> bool:
-    """The two rows have the same tokens before their first loss token (a group's answers)."""
-    start = int(first.positions[0])
-    return int(other.positions[0]) == start and torch.equal(first.ids[:start], other.ids[:start])
-
-
-def _decoder_tokens(rows: Sequence[_Row]) -> int:
-    """Tokens the decoder runs for `rows` as one micro-batch: right-padded to the longest, the shared
-    prefix once (the cost micro_batches minimises; a pass more costs little beside a token more)."""
-    if not rows:
-        return 0
-    length = max(int(r.ids.numel()) for r in rows)
-    if len(rows) == 1:
-        return length
-    prefix = _common_prefix(rows)
-    if prefix < MIN_SHARED_PREFIX:
-        return len(rows) * length
-    return prefix + len(rows) * (length - prefix)
-
-
-def _common_prefix(rows: Sequence[_Row]) -> int:
-    """shared_prefix_length of the rows' batch, without building it."""
-    first_read = min(int(r.positions[0]) for r in rows) - 1
-    reference = rows[0].ids
-    common = first_read
-    for row in rows[1:]:
-        limit = min(common, int(row.ids.numel()), int(reference.numel()))
-        differs = (row.ids[:limit] != reference[:limit]).nonzero()
-        common = int(differs[0]) if differs.numel() else limit
-    return max(0, common)
+def _batch_order(row: _Row) -> tuple[int, ...]:
+    """Rows in token order: rows that start alike (a group's answers to one prompt) are neighbours and
+    so share micro-batches, whose common prefix the decoder runs once (shared_prefix_hidden). That
+    saves more than ordering by length did: a prompt is most of a row, padding at most an answer."""
+    return tuple(row.ids.tolist())
 
 
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
@@ -446,14 +387,15 @@ class GRPOTrainer:
     @torch.no_grad()
     def _score(self, rows: Sequence[_Row]) -> list[torch.Tensor]:
         """Each row's loss-token logprobs, in row order. Rows that start alike share a batch (their
-        common prefix is run once, `micro_batches`); without gradients, a batch twice the training
+        common prefix is run once, `_batch_order`); without gradients, a batch twice the training
         micro-batch fits."""
+        ordered = sorted(range(len(rows)), key=lambda i: _batch_order(rows[i]))
         scores: dict[int, torch.Tensor] = {}
-        for batch in micro_batches(rows, max(1, 2 * self.config.micro_batch_size)):
-            values = self._logprobs(batch).float().cpu()
-            for row, part in zip(batch, values.split([row.size for row in batch]), strict=True):
-                scores[id(row)] = part
-        return [scores[id(row)] for row in rows]
+        for chunk in _chunks(ordered, max(1, 2 * self.config.micro_batch_size)):
+            values = self._logprobs([rows[i] for i in chunk]).float().cpu()
+            for i, part in zip(chunk, values.split([rows[i].size for i in chunk]), strict=True):
+                scores[i] = part
+        return [scores[i] for i in range(len(rows))]
 
     # ------------------------------------------------------------------ 2. samples -> optimizer steps
 
@@ -494,9 +436,10 @@ class GRPOTrainer:
         The step's token weights are fixed first, from all its rows, so the accumulated gradient
         is the same however the rows are split into micro-batches.
         """
-        weight_of = self._sample_weights(step_rows)
+        ordered = sorted(step_rows, key=_batch_order)
+        weight_of = self._sample_weights(ordered)
         sums = StepSums()
-        for micro in micro_batches(step_rows, self.config.micro_batch_size):
+        for micro in _chunks(ordered, self.config.micro_batch_size):
             logp = self._logprobs(micro)
             old = self._old_of(micro, logp, step_number)
             out = self._loss(micro, logp, old, samples, weight_of)

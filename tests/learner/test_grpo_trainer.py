@@ -246,32 +246,3 @@ def test_a_prefix_every_row_shares_runs_once_with_the_same_logprobs_and_gradient
     assert plain_gradient.abs().sum() > 0
     assert torch.allclose(plain_logp, shared_logp, atol=1e-5)
     assert torch.allclose(plain_gradient, shared_gradient, atol=1e-5)
-
-
-def test_micro_batches_keep_a_prompts_rows_together_and_pack_prompts_that_share_only_a_system_prompt():
-    """Packing by the decoder's tokens: a group of 6 answers per micro-batch of 8 (its prompt once)
-    rather than 6 + 2 of the next group (sharing only the system prompt); prompts that never repeat
-    share micro-batches (their system prompt once); a prompt with more rows than fit fills them."""
-    from learner.grpo.trainer import _row, micro_batches
-
-    system = [1, *range(50, 80)]  # a chat template's system prompt: 31 tokens every row starts with
-
-    def rows_of(prompt: list[int], answers: int, first: int = 0) -> list[Any]:
-        return [_row(first + k, segment(prompt, [300 + k, 301, 2])) for k in range(answers)]
-
-    def prompt(n: int) -> list[int]:
-        return [*system, *range(100 + 10 * n, 110 + 10 * n)]  # 10 tokens of its own
-
-    groups = [row for n in range(4) for row in rows_of(prompt(n), 6, first=6 * n)]
-    packed = micro_batches(groups, 8)
-    assert [len(batch) for batch in packed] == [6, 6, 6, 6]
-    assert all(len({tuple(r.ids[:41].tolist()) for r in batch}) == 1 for batch in packed), "one prompt a batch"
-
-    unique = [row for n in range(10) for row in rows_of(prompt(n), 1, first=n)]
-    assert [len(batch) for batch in micro_batches(unique, 8)] == [8, 2]
-
-    big = rows_of(prompt(0), 10)
-    assert [len(batch) for batch in micro_batches(big, 8)] == [8, 2]
-    assert sorted(id(r) for batch in micro_batches(groups + unique, 8) for r in batch) == sorted(
-        id(r) for r in groups + unique
-    ), "every row exactly once"
