@@ -214,3 +214,12 @@ def load_base_model(path_or_name: str | os.PathLike[str] | None, device: Any = N
     model.to(torch_device)  # type: ignore[arg-type]
     model.eval()
     return LoadedModel(model=model, tokenizer=load_tokenizer(path))
+
+
+def cache_keyword(forward: Any) -> str:
+    """The keyword a model's `forward` takes its key/value cache by: transformers renamed
+    `past_key_values` to `cache` (5.x); the signature says which (the inference engine and the
+    trainer's shared-prefix pass both pass one)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"

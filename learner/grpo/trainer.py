@@ -33,7 +33,6 @@ The same code runs on CUDA (bf16 weights, fp32 adapter and log-softmax) and on C
 
 from __future__ import annotations
 
-import inspect
 import math
 import random
 import time
@@ -48,6 +47,7 @@ from apprentice.settings import LearningSettings
 from learner.grpo.adapters import TRAINABLE_ADAPTER, using_version
 from learner.grpo.loss import Aggregation, LossOutput, aggregation_weights, grpo_loss, k3_kl, token_logprobs
 from learner.grpo.tokens import Segment
+from learner.models import cache_keyword
 
 
 class NonFiniteLoss(RuntimeError):
@@ -562,8 +562,9 @@ def loss_position_logits(
     called twice in one forward has lost the first call's weights by the backward."""
     if full_forward:
         return model(input_ids=input_ids).logits[batch_index, positions - 1]
-    first_read = int(positions.min()) - 1 if share_prefix else 0
-    hidden, offset = shared_prefix_hidden(decoder, input_ids, first_read)
+    if not share_prefix:
+        return head(decoder(input_ids=input_ids).last_hidden_state[batch_index, positions - 1])
+    hidden, offset = shared_prefix_hidden(decoder, input_ids, int(positions.min()) - 1)
     return head(hidden[batch_index, positions - 1 - offset])
 
 
@@ -601,17 +602,14 @@ def shared_prefix_hidden(decoder: Any, input_ids: torch.Tensor, first_read: int)
     prefix = shared_prefix_length(input_ids, first_read)
     if prefix >= MIN_SHARED_PREFIX:
         head_pass = decoder(input_ids=input_ids[:1, :prefix], use_cache=True)
-        cache = getattr(head_pass, "cache", None) or getattr(head_pass, "past_key_values", None)
+        cache = getattr(head_pass, "cache", None)
+        if cache is None:  # transformers before 5.x named the output as the keyword
+            cache = getattr(head_pass, "past_key_values", None)
         if cache is not None and hasattr(cache, "batch_repeat_interleave"):
             cache.batch_repeat_interleave(int(input_ids.size(0)))
-            rest = decoder(input_ids=input_ids[:, prefix:], use_cache=True, **{_cache_keyword(decoder): cache})
+            rest = decoder(input_ids=input_ids[:, prefix:], use_cache=True, **{cache_keyword(decoder.forward): cache})
             return rest.last_hidden_state, prefix
     return decoder(input_ids=input_ids).last_hidden_state, 0
-
-
-def _cache_keyword(decoder: Any) -> str:
-    """transformers renamed `past_key_values` to `cache` (5.x); the decoder's forward says which it takes."""
-    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
 
 # ---------------------------------------------------------------------- bookkeeping beside the training loop

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from learner.models import cache_keyword
 from learner.serving.adapters import LoraManager
 from learner.serving.sampling import SamplingParams, make_generator, processed_logprobs, sample_row, top_logprobs
 
@@ -241,7 +242,7 @@ class GenerationEngine:
         self.eos_token_ids = self._eos_ids()
         # transformers renamed these keywords across versions; ask the model which it takes
         accepted = inspect.signature(lora.model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in accepted else "past_key_values"
+        self._cache_kwarg = cache_keyword(lora.model.forward)
         self._logits_kwarg = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in accepted), None)
         self._cond = threading.Condition()
         self._waiting: deque[_Request] = deque()
