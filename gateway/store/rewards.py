@@ -463,6 +463,8 @@ async def _rows(cursor: psycopg.AsyncCursor[dict[str, Any]]) -> list[dict[str, A
 async def _send_merged_away(
     connection: psycopg.AsyncConnection[Any], trajectories: set[uuid.UUID]
 ) -> Pending[set[uuid.UUID]]:
+    if not trajectories:
+        return _no_trajectories
     cursor = await _send(
         connection,
         "SELECT id FROM trajectories WHERE id = ANY(%s::uuid[]) AND merged_into IS NOT NULL",
@@ -473,6 +475,10 @@ async def _send_merged_away(
         return {row["id"] for row in await _rows(cursor)}
 
     return read
+
+
+async def _no_trajectories() -> set[uuid.UUID]:
+    return set()
 
 
 async def _retrying(
