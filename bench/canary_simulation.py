@@ -131,7 +131,7 @@ def replicate(shape: Shape, gain: float, rng: random.Random) -> tuple[str, int]:
         effect = gain if canary and index >= better_from else 0.0
         p = min(1.0, base + effect)
         value = sum(rng.random() < p for _ in range(shape.group)) / shape.group
-        looks.assign(now, Unit(canary, shape.share, str(task if shape.tasks else index), value))
+        looks.assign(now, Unit(canary, shape.share, str(task if shape.tasks else index), value, shape.group))
         if now < next_tick:
             continue
         next_tick += TICK_S

@@ -93,7 +93,7 @@ def replicate(shape: Shape, curve: Curve, rng: random.Random) -> Outcome:
         p = min(1.0, max(0.0, base + (head if canary else incumbent)))
         value = sum(rng.random() < p for _ in range(shape.group)) / shape.group
         if looks.version > 0:
-            looks.assign(now, Unit(canary, shape.share, str(task if shape.tasks else index), value))
+            looks.assign(now, Unit(canary, shape.share, str(task if shape.tasks else index), value, shape.group))
         if now < next_tick:
             continue
         next_tick += TICK_S

@@ -71,6 +71,54 @@ def test_a_lineage_that_gets_better_as_it_trains_is_found_and_never_called_worse
     assert sum(r[0] == "better" for r in results) >= 38
 
 
+def group_units(rng: random.Random, rates: list[tuple[float, float]], *, group: int = 8) -> list[Unit]:
+    """Named groups of `group` runs on 16 prompts, share 0.5: a unit a group, its value the mean
+    of its runs' successes; `rates` gives (canary, incumbent) success rates, one pair a unit."""
+    units = []
+    for canary_rate, incumbent_rate in rates:
+        canary = rng.random() < 0.5
+        rate = canary_rate if canary else incumbent_rate
+        successes = sum(rng.random() < rate for _ in range(group))
+        units.append(Unit(canary, 0.5, str(rng.randrange(16)), successes / group, runs=group))
+    return units
+
+
+def test_a_lineage_in_named_groups_that_was_worse_and_got_better_is_found_within_fifty_groups():
+    """A live loop's runs of two calls in named groups of 8 (400 runs, 50 units): the lineage's
+    first versions are worse than the incumbent, then far better. Its bets remember runs, not
+    units, and may risk 0.9 of the wealth on a group (a group's mean varies far less than its
+    range). Found in 37 of these 40 stretches; with a window of 200 units and a cap of 1/2, 7."""
+    rng = random.Random(5)
+    stretch = [(0.02, 0.25)] * 12 + [(0.22, 0.10)] * 13 + [(0.45, 0.05)] * 12 + [(0.66, 0.04)] * 13
+    verdicts = []
+    for _ in range(40):
+        sequence = EffectSequence(0.08)
+        verdict = None
+        for unit in group_units(rng, stretch):
+            sequence.add(unit)
+            verdict = verdict or sequence.interval().verdict
+        verdicts.append(verdict)
+    assert "worse" not in verdicts
+    assert verdicts.count("better") >= 30, f"found in {verdicts.count('better')} of 40"
+
+
+def test_a_and_a_group_units_are_called_different_at_most_alpha_of_the_time():
+    rng = random.Random(8)
+    verdicts = []
+    for _ in range(300):
+        sequence = EffectSequence(ALPHA)
+        base = [rng.uniform(0.05, 0.95) for _ in range(16)]
+        verdict = None
+        for unit in group_units(rng, [(0.0, 0.0)] * 200):
+            task = int(unit.stratum)
+            value = sum(rng.random() < base[task] for _ in range(8)) / 8
+            sequence.add(Unit(unit.canary, 0.5, unit.stratum, value, runs=8))
+            verdict = verdict or sequence.interval().verdict
+        verdicts.append(verdict)
+    false_rate = sum(v is not None for v in verdicts) / len(verdicts)
+    assert false_rate <= ALPHA, f"{false_rate:.3f} false verdicts at alpha {ALPHA}"
+
+
 def test_which_prompts_each_arm_got_does_not_decide():
     """The canary's arm holds only hard prompts, the incumbent's only easy ones (an extreme
     draw): the plain difference of means is -0.6, the within-task estimate sees no difference."""

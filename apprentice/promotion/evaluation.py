@@ -388,7 +388,9 @@ async def canary_units(
         entry[1].append(float(value))
     ordered = sorted(found.values(), key=lambda item: (item[0].assigned_at, item[0].label))
     units = [
-        AssignedUnit(a.label, a.version_id, a.assigned_at, dataclasses.replace(a.unit, value=math.fsum(v) / len(v)))
+        AssignedUnit(
+            a.label, a.version_id, a.assigned_at, dataclasses.replace(a.unit, value=math.fsum(v) / len(v), runs=len(v))
+        )
         for a, v in ordered
     ]
     return CanaryUnits(
