@@ -102,10 +102,10 @@ class CanaryLooks:
         while self.pending and self.pending[0][0] <= now - SETTLE_S:
             _, unit, unit_version = self.pending.pop(0)
             self.lineage.add(unit)
-            self.lineage_arms[unit.canary] += 1
+            self.lineage_arms[unit.canary] += unit.runs  # min_samples counts runs
             if unit_version == self.version:
                 self.newest.add(unit)
-                self.newest_arms[unit.canary] += 1
+                self.newest_arms[unit.canary] += unit.runs
         return ev.decide_lineage(
             comparison(self.lineage, self.lineage_arms, self.lineage_alpha),
             comparison(self.newest, self.newest_arms, self.newest_alpha()),

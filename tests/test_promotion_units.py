@@ -87,6 +87,17 @@ def test_compare_and_decide():
     assert json.loads(json.dumps(better.as_json()))["interval"]["low"] > 0
 
 
+def test_min_samples_counts_rewarded_runs_not_units():
+    """A client's named group of 8 runs is one unit: 2 units an arm hold the 16 runs min_samples asks."""
+    groups = [dataclasses.replace(unit, runs=8) for unit in interleaved_units([0.9, 0.8], [0.1, 0.2])]
+    assert ev.compare(groups, method="sequential", min_samples=16).verdict != ev.INSUFFICIENT
+    assert ev.compare(groups, method="sequential", min_samples=17).verdict == ev.INSUFFICIENT
+    runs = interleaved_units([0.9, 0.8], [0.1, 0.2])  # the same values as single runs: 2 runs an arm
+    assert ev.compare(runs, method="sequential", min_samples=16).verdict == ev.INSUFFICIENT
+    one_group = [dataclasses.replace(unit, runs=40) for unit in interleaved_units([0.9], [0.1])]
+    assert ev.compare(one_group, method="welch", min_samples=16).verdict == ev.INSUFFICIENT, "two units an arm"
+
+
 def test_sequential_compare_and_the_lineage_decision():
     rng = random.Random(2)
     good = [float(rng.random() < 0.8) for _ in range(200)]

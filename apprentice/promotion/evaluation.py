@@ -22,7 +22,8 @@ two are only valid for a single look and compare the arms' prompts along with th
 Significantly better: the whole interval is above 0; significantly worse: below 0; for the
 sequential method, its test by betting at the same alpha decides instead (sharper at 0; the
 interval still gives the effect's size). Nothing is decided before each arm has `min_samples`
-units.
+rewarded runs (the setting's unit: a client's named group of 8 runs is one randomised unit and
+counts 8) and two units.
 
 The statistics are pure functions (no database) and are unit-tested against known values.
 """
@@ -255,7 +256,11 @@ def compare(
     canary = [unit.value for unit in units if unit.canary]
     incumbent = [unit.value for unit in units if not unit.canary]
     stats = ArmStats.of(canary), ArmStats.of(incumbent)
-    if len(canary) < max(2, min_samples) or len(incumbent) < max(2, min_samples):
+    # min_samples counts rewarded runs (a client's named group is one unit of several runs), at
+    # least two units an arm for the fixed-sample intervals' variances.
+    canary_runs = sum(unit.runs for unit in units if unit.canary)
+    incumbent_runs = sum(unit.runs for unit in units if not unit.canary)
+    if min(len(canary), len(incumbent)) < 2 or min(canary_runs, incumbent_runs) < min_samples:
         return Comparison(*stats, method, confidence, min_samples, INSUFFICIENT)
     if method == "sequential":
         interval = sequential_interval(units, confidence, reward_range)
