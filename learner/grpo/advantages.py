@@ -8,8 +8,8 @@ variants, chosen in config (`learning.advantage`):
   their units.
 The std is the sample std (n - 1), as TRL computes it. A trajectory with no siblings to compare
 with (a prompt that never repeats) is measured against its task family instead:
-`family_advantages` (RLOO's leave-one-out baseline across the family's prompts, REINFORCE++'s
-batch scale; its formula and bias in its docstring). Pure Python.
+`family_advantages` (RLOO's leave-one-out baseline across the family's prompts, scaled by the
+family's reward spread; its formula and bias in its docstring). Pure Python.
 """
 
 from __future__ import annotations
@@ -46,8 +46,21 @@ def leave_one_out_baseline(history: Sequence[tuple[str, float]], exclude: str, m
     return sum(others) / len(others)
 
 
+def family_variance(history: Sequence[tuple[str, float]]) -> float:
+    """The variance of a family's recent rewards (population variance; 0 for none): the spread the
+    family's advantages are scaled by (`family_advantages`)."""
+    if not history:
+        return 0.0
+    mean = sum(reward for _, reward in history) / len(history)
+    return sum((reward - mean) ** 2 for _, reward in history) / len(history)
+
+
 def family_advantages(
-    rewards: Sequence[float], baselines: Sequence[float], kind: AdvantageKind = "grpo", eps: float = STD_EPS
+    rewards: Sequence[float],
+    baselines: Sequence[float],
+    variances: Sequence[float],
+    kind: AdvantageKind = "grpo",
+    eps: float = STD_EPS,
 ) -> list[float]:
     """Advantages of trajectories that have no siblings to compare with, against their task family.
 
@@ -58,8 +71,9 @@ def family_advantages(
         b_i = mean(R_-i)                       RLOO's leave-one-out baseline (Ahmadian et al.,
                                                "Back to Basics", ACL 2024), across prompts
         c_i = r_i - b_i
-        s   = sqrt(mean_{j in B} c_j^2)        the batch's scale, as REINFORCE++ normalises over
-                                               the global batch (Hu, arXiv 2501.03262, 2025)
+        v_i = var(R_i)                         the variance of i's family's recent rewards R_i
+                                               (its own among them; `family_variance`)
+        s   = sqrt(mean_{j in B} v_j)          the batch's reward scale, from its families
         A_i = c_i / (s + eps)   ("grpo")       A_i = c_i   ("dr_grpo": rewards keep their units)
 
     Bias, stated: b_i never includes r_i, so it does not depend on trajectory i's answer and
@@ -73,15 +87,25 @@ def family_advantages(
     bias of order 1/|B| in the step size (as GRPO's std and REINFORCE++'s normalisation have),
     never in the direction. Unlike REINFORCE++ the batch mean is not subtracted again: the
     family baseline is the centring, and subtracting the batch's own mean would make the batch
-    one GRPO group of unrelated prompts. The root mean square, not the std about the mean, is the
-    scale, so a batch whose members all beat their baseline by the same amount stays finite.
+    one GRPO group of unrelated prompts.
+
+    Why the scale is the families' spread and not the batch's: REINFORCE++ normalises by the
+    batch's own spread (here it was sqrt(mean c_j^2)), which is right when the batch varies. On a
+    rare-success task it often does not: at a 2% success rate half the batches of 32 hold no
+    success, every c_j is -b (about -0.02), and dividing by their own root mean square made every
+    answer's advantage -1, a full-size push away from everything the policy said, in half the
+    runs (live, lowercase on prompts that never repeat: the lineage did not learn in four of five
+    runs). Scaled by the family's spread (sqrt(0.02 x 0.98) = 0.14), the same batch gets -0.14
+    each, and a success +7: GRPO's magnitudes for a group of such rewards. s includes r_i's own
+    reward among the family's (a bias of order 1 / |R| in the step size, never in the direction);
+    s = 0 only where every reward of the family is the same, and then every c_i is 0 too.
     """
-    if len(rewards) != len(baselines):
-        raise ValueError("one baseline per reward")
+    if not len(rewards) == len(baselines) == len(variances):
+        raise ValueError("one baseline and one family variance per reward")
     centred = [r - b for r, b in zip(rewards, baselines, strict=True)]
     if not centred or kind == "dr_grpo":
         return centred
     if kind != "grpo":
         raise ValueError(f"unknown advantage kind {kind!r}")
-    scale = math.sqrt(sum(c * c for c in centred) / len(centred))
+    scale = math.sqrt(sum(variances) / len(variances))
     return [c / (scale + eps) for c in centred]

@@ -42,7 +42,13 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from apprentice.settings import PolicySettings, Settings
-from learner.grpo.advantages import AdvantageKind, family_advantages, group_advantages, leave_one_out_baseline
+from learner.grpo.advantages import (
+    AdvantageKind,
+    family_advantages,
+    family_variance,
+    group_advantages,
+    leave_one_out_baseline,
+)
 from learner.grpo.grouping import Group, Grouping, Member, family_key, make_groups
 from learner.jobs import training_runs
 from learner.jobs.policy_trainer import PolicyTrainer, training_threads
@@ -127,6 +133,7 @@ def _samples(
             samples.append(TrainSample(member.trajectory_id, reward, adv, segments, member.answers))
     pooled: list[tuple[Member, float, list[Segment]]] = []
     baselines: list[float] = []
+    variances: list[float] = []
     for group in grouping.pooled:
         for member, reward, segments in _segments(group, selection, tokenizer, skipped):
             history = selection.family_rewards.get(family_key(member), [])
@@ -136,7 +143,8 @@ def _samples(
                 continue
             pooled.append((member, reward, segments))
             baselines.append(baseline)
-    advantages = family_advantages([reward for _, reward, _ in pooled], baselines, advantage)
+            variances.append(family_variance(history))
+    advantages = family_advantages([reward for _, reward, _ in pooled], baselines, variances, advantage)
     no_signal: list[str] = []
     for (member, reward, segments), adv in zip(pooled, advantages, strict=True):
         if adv == 0.0:  # exactly its baseline: nothing to learn, nothing to spend a forward pass on

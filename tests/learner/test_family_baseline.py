@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from apprentice.grouping import task_family
 from apprentice.settings import Settings
-from learner.grpo.advantages import family_advantages, leave_one_out_baseline
+from learner.grpo.advantages import family_advantages, family_variance, leave_one_out_baseline
 from learner.grpo.grouping import make_groups
 from learner.jobs.run import _samples, run_once
 from learner.jobs.selection import count_new_groups, select
@@ -50,13 +50,28 @@ def test_family_advantages_follow_the_docstring_formula():
     assert leave_one_out_baseline(history, "a", 3) == pytest.approx(1 / 3)
     assert leave_one_out_baseline(history, "x", 3) == pytest.approx(0.5)
     assert leave_one_out_baseline(history, "a", 4) is None  # three others only
-    rewards, baselines = [1.0, 0.0, 1.0], [1 / 3, 2 / 3, 0.5]
+    assert family_variance(history) == pytest.approx(0.25) and family_variance([]) == 0.0
+    rewards, baselines, variances = [1.0, 0.0, 1.0], [1 / 3, 2 / 3, 0.5], [0.25, 0.16, 0.09]
     centred = [r - b for r, b in zip(rewards, baselines, strict=True)]
-    scale = math.sqrt(sum(c * c for c in centred) / 3)
-    assert family_advantages(rewards, baselines, "dr_grpo") == pytest.approx(centred)
-    assert family_advantages(rewards, baselines, "grpo") == pytest.approx([c / (scale + 1e-4) for c in centred])
+    scale = math.sqrt(sum(variances) / 3)
+    assert family_advantages(rewards, baselines, variances, "dr_grpo") == pytest.approx(centred)
+    assert family_advantages(rewards, baselines, variances, "grpo") == pytest.approx(
+        [c / (scale + 1e-4) for c in centred]
+    )
     # Every member beat its baseline by the same amount: finite, all positive (no re-centring).
-    assert family_advantages([1.0, 1.0], [0.5, 0.5]) == pytest.approx([1.0, 1.0], rel=1e-3)
+    assert family_advantages([1.0, 1.0], [0.5, 0.5], [0.25, 0.25]) == pytest.approx([1.0, 1.0], rel=1e-3)
+
+
+def test_a_batch_without_a_success_on_a_rare_success_task_is_pushed_down_gently():
+    """2% success: a batch of 32 failures measured against the family (b = 0.02) gets -0.14 each,
+    not -1 (its own root mean square), and one success among them about +7, as GRPO would."""
+    history = [(f"t{i}", 1.0 if i % 50 == 0 else 0.0) for i in range(200)]  # 2% of the family succeeds
+    variance = family_variance(history)
+    failures = family_advantages([0.0] * 32, [0.02] * 32, [variance] * 32)
+    assert failures == pytest.approx([-0.02 / (math.sqrt(variance) + 1e-4)] * 32)
+    assert -0.2 < failures[0] < -0.1
+    one_success = family_advantages([1.0] + [0.0] * 31, [0.02] * 32, [variance] * 32)
+    assert 6.0 < one_success[0] < 8.0 and one_success[1] == pytest.approx(failures[0])
 
 
 # ------------------------------------------------------------------ selection and grouping
