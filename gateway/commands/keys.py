@@ -64,8 +64,14 @@ def limit_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _given_limits(rpm: Any, tpm: Any, budget_usd: Any) -> dict[str, Any]:
+    """The limits the command line names, checked as the store will check them (a usage error if not)."""
     given = {"requests_per_minute": rpm, "tokens_per_minute": tpm, "budget_usd": budget_usd}
-    return {name: value for name, value in given.items() if value is not _UNSET}
+    limits = {name: value for name, value in given.items() if value is not _UNSET}
+    try:
+        keys.parse_limits(limits)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return limits
 
 
 def _describe(limits: object) -> str:
@@ -88,10 +94,6 @@ def create_command(
 ) -> None:
     """Create a key and print it once (only its hash is stored)."""
     limits = _given_limits(rpm, tpm, budget_usd)
-    try:
-        keys.parse_limits(limits)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
     info, key = _run(
         config_path,
         lambda engine: keys.create_key(
@@ -158,10 +160,6 @@ def limits_command(
 ) -> None:
     """Set a key's own limits (only those given change) and print them."""
     limits = _given_limits(rpm, tpm, budget_usd)
-    try:
-        keys.parse_limits(limits)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
     updated = _run(config_path, lambda engine: keys.set_key_limits(engine, key_id_or_prefix, limits, replace=clear))
     if updated is None:
         raise click.ClickException(f"no active key matches {key_id_or_prefix}")

@@ -75,6 +75,17 @@ t.policy = %(policy)s AND t.trained_in_run_id IS NULL AND t.merged_into IS NULL 
   AND (t.client_trajectory_id IS NULL OR NOT starts_with(t.client_trajectory_id, %(judge_prefix)s))
 """
 
+# A trajectory's first call, as `fc` (its request). The bound on created_at lets PostgreSQL prune
+# the partitions of calls (see _CALLS below).
+_FIRST_CALL = """LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
+                   AND c.created_at BETWEEN t.first_call_at - interval '1 day'
+                                        AND t.last_call_at + interval '1 day'
+                   ORDER BY c.created_at, c.id LIMIT 1) fc ON true"""
+
+# The trajectory has a current reward (linked, not superseded) of one of the names read.
+_REWARDED_BY_NAMES = """EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id AND r.name = ANY(%(names)s)
+                  AND r.status = 'linked' AND r.superseded_at IS NULL)"""
+
 # Each trajectory with its current webhook reward and judge score (NULL: none, or not read:
 # a NULL name matches no row); a trajectory with neither is not rewarded.
 REWARDED = f"""
@@ -97,14 +108,10 @@ _WAITING = f"""
 SELECT t.id::text AS id, t.tenant, t.group_id, extract(epoch FROM t.last_call_at)::float8 AS last_call_at,
        fc.request
 FROM trajectories t
-LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
-                   AND c.created_at BETWEEN t.first_call_at - interval '1 day'
-                                        AND t.last_call_at + interval '1 day'  -- prunes partitions
-                   ORDER BY c.created_at, c.id LIMIT 1) fc ON true
+{_FIRST_CALL}
 WHERE {_UNTRAINED}
   AND t.last_call_at >= now() - make_interval(secs => %(wait_s)s)
-  AND NOT EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id AND r.name = ANY(%(names)s)
-                  AND r.status = 'linked' AND r.superseded_at IS NULL)
+  AND NOT {_REWARDED_BY_NAMES}
 LIMIT %(limit)s
 """
 
@@ -507,14 +514,10 @@ WITH rewarded AS (
            coalesce('g:' || t.group_id, 't:' || md5(coalesce(fc.request->'messages', 'null'::jsonb)::text
                                                     || coalesce(fc.request->'tools', 'null'::jsonb)::text)) AS grp
     FROM trajectories t
-    LEFT JOIN LATERAL (SELECT c.request FROM calls c WHERE c.trajectory_id = t.id
-                       AND c.created_at BETWEEN t.first_call_at - interval '1 day'
-                                            AND t.last_call_at + interval '1 day'  -- prunes partitions
-                       ORDER BY c.created_at, c.id LIMIT 1) fc ON true
+    {_FIRST_CALL}
     WHERE {_UNTRAINED}
       AND t.last_call_at >= now() - make_interval(secs => %(max_age_s)s)
-      AND EXISTS (SELECT 1 FROM rewards r WHERE r.trajectory_id = t.id AND r.name = ANY(%(names)s)
-                  AND r.status = 'linked' AND r.superseded_at IS NULL)
+      AND {_REWARDED_BY_NAMES}
 ), groups AS (
     SELECT tenant, grp, min(task_family) AS family, count(*) AS members, sum(answers) AS answers
     FROM rewarded GROUP BY tenant, grp
