@@ -65,7 +65,9 @@ def test_a_run_records_a_candidate_and_marks_what_it_used(database_url, db, base
     ) = run
     # the useful group of four, and the lone member of task C pooled against its family
     assert (status, produced, n_traj, groups, equal, greedy, samples) == ("succeeded", vid, 5, 2, 1, 0, 5)
-    assert tokens == 14 and mean_reward == pytest.approx(0.6) and mean_adv == pytest.approx(0.893, abs=1e-3)
+    # |A|: 0.5 / 0.577 for each of the group of four; the lone member 1 - 5/7 over its family's spread
+    # sqrt(0.75 x 0.25) (its family's eight rewards, six of them 1): 0.660. Mean of the five: 0.825.
+    assert tokens == 14 and mean_reward == pytest.approx(0.6) and mean_adv == pytest.approx(0.825, abs=1e-3)
     assert loss is not None and kl is not None and 0 <= clip <= 1 and duration > 0
     assert "src:" in code and config_json["learning"]["lr"] == 1e-3
     assert metrics["skipped_trajectories"] == {"other_model": 2}
