@@ -34,6 +34,7 @@ MALFORMED_CHAT: dict[str, Any] = {
     "seed a fraction": {**CHAT, "seed": 1.5},
     "seed below 64 bits": {**CHAT, "seed": -(2**63) - 1},
     "seed above 64 bits": {**CHAT, "seed": 2**63},
+    "seed above the declared bound": {**CHAT, "seed": 2**63 - 1},
     "stream_options a string": {**CHAT, "stream": True, "stream_options": "usage"},
     "split_done_ms a string": {**CHAT, "stream": True, "fake_stream": {"split_done_ms": "soon"}},
 }
@@ -53,6 +54,16 @@ def test_what_openai_allows_is_still_answered(fake_upstream):
     assert called.status_code == 200, called.text
     # An integer as JSON Schema reads one, as the gateway's document declares seed.
     assert httpx.post(url, json={**CHAT, "seed": 12409.0}, timeout=30).status_code == 200
+    # The declared bounds as a fuzzer writes them, shortest decimal of the double (protocol.SEED_BOUND):
+    # past the bounds as exact integers, within them as doubles, so within.
+    for bound in ("-9223372036854775000", "9223372036854775000", "-9.223372036854775e18"):
+        written = (
+            b'{"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}], "seed": %s}' % bound.encode()
+        )
+        assert (
+            httpx.post(url, content=written, headers={"content-type": "application/json"}, timeout=30).status_code
+            == 200
+        )
     assert called.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
     # A part without text (an image), null stream options, a fractional chunk count: read, not a crash.
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]

@@ -40,6 +40,7 @@ import jsonschema
 import orjson
 from aiohttp import web
 
+from gateway.endpoints.chat_completions.protocol import SEED_BOUND
 from gateway.endpoints.embeddings.protocol import EmbeddingsRequest
 from tests.support.fake_agent import agent_message
 from tests.support.fake_judge import judge_content
@@ -84,12 +85,12 @@ def _malformed(body: dict[str, Any]) -> str | None:
     """Why a chat request's fields that the fake reads are not of the type OpenAI requires (and
     the gateway's document declares), or None: each a 400 there, a crash here if read as they are."""
     seed = body.get("seed")
-    # An integer as JSON Schema reads one (12409.0 is one), of 64 bits, as the document declares.
-    # orjson reads an integer literal outside [-2**63, 2**64) as a float, rounded: a float is taken
-    # for an integer only where floats are exact (|x| <= 2**53).
-    integral = isinstance(seed, int) or (isinstance(seed, float) and seed.is_integer() and abs(seed) <= 2**53)
-    if seed is not None and (isinstance(seed, bool) or not integral or not -(2**63) <= seed < 2**63):
-        return "seed must be a 64-bit integer"
+    # An integer as JSON Schema reads one (12409.0 is one) within the bounds the document declares
+    # (protocol.SEED_BOUND says which, and why they are compared in doubles).
+    integral = isinstance(seed, int) or (isinstance(seed, float) and seed.is_integer())
+    within = integral and -float(SEED_BOUND) <= float(seed) <= float(SEED_BOUND)
+    if seed is not None and (isinstance(seed, bool) or not within):
+        return f"seed must be an integer from {-SEED_BOUND} to {SEED_BOUND}"
     if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
         return "stream_options must be an object"
     for position, message in enumerate(body["messages"]):

@@ -16,6 +16,15 @@ from typing_extensions import Required, TypedDict
 
 from gateway.endpoints.responses.translate import MAX_TOP_LOGPROBS
 
+# The seeds the document declares: |seed| <= 2**63 - 1024, the largest double below 2**63. The
+# document writes bounds as doubles, and fuzzers draw and write seeds as doubles too: 2**63 - 1
+# came out as 2**63 (schemathesis seed 306907011 sent 9223372036854776000 as valid), and seed
+# 1379147953 sent -2**63 as -9223372036854776000 and -(2**63 - 1024) as -9223372036854775000,
+# 192 and 216 past them as exact integers. So a seed is within bounds when its nearest double is: the comparison is
+# made in doubles (as tests/support/fake_upstream.py, playing OpenAI, makes it), and no 64-bit
+# integer's rounding can carry it past 2**63.
+SEED_BOUND = 2**63 - 1024
+
 
 class _Open(BaseModel):
     """A wire object that may carry fields not named here."""
@@ -96,12 +105,9 @@ class ChatCompletionRequest(_Open):
     # one that refuses a value outside them (OpenAI with a 400, which the gateway relays).
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     n: int | None = Field(None, ge=1, le=128)
-    # A 64-bit integer, as OpenAI declares it (a larger one is refused by the upstream). The upper
-    # bound declared is the largest double below 2**63: the document writes bounds as doubles, and
-    # 2**63 - 1 came out as 2**63, so a fuzzer (schemathesis, seed 306907011) sent
-    # 9223372036854776000 as valid. Seeds are forwarded unread: the few above the declared bound
-    # still reach the upstream.
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1024)
+    # A 64-bit integer, as OpenAI declares it (SEED_BOUND says which). Seeds are forwarded unread:
+    # the few outside the declared bounds still reach the upstream, which refuses a larger one.
+    seed: int | None = Field(None, ge=-SEED_BOUND, le=SEED_BOUND)
     stop: str | list[str] | None = None
 
 
