@@ -134,16 +134,20 @@ def _samples(
     pooled: list[tuple[Member, float, list[Segment]]] = []
     baselines: list[float] = []
     variances: list[float] = []
+    variance_by_family: dict[str, float] = {}  # one family's spread, worked out once per run
     for group in grouping.pooled:
         for member, reward, segments in _segments(group, selection, tokenizer, skipped):
-            history = selection.family_rewards.get(family_key(member), [])
+            family = family_key(member)
+            history = selection.family_rewards.get(family, [])
             baseline = leave_one_out_baseline(history, member.trajectory_id, min_group_size - 1)
             if baseline is None:  # the family has too few other rewards yet: kept for a later run
                 skipped["family_too_small"] = skipped.get("family_too_small", 0) + 1
                 continue
             pooled.append((member, reward, segments))
             baselines.append(baseline)
-            variances.append(family_variance(history))
+            if family not in variance_by_family:
+                variance_by_family[family] = family_variance(history)
+            variances.append(variance_by_family[family])
     advantages = family_advantages([reward for _, reward, _ in pooled], baselines, variances, advantage)
     no_signal: list[str] = []
     for (member, reward, segments), adv in zip(pooled, advantages, strict=True):
