@@ -30,9 +30,15 @@ up: $(BIN)/.installed
 # they read the .pyc files (Python checks each against its source's mtime, so none is stale).
 COMPILE := $(BIN)/python -m compileall -q -j 0 apprentice gateway learner bench tests examples migrations clients/python
 
+# Two pytest-xdist workers: much of a test's time is spent waiting on processes it started, so two
+# share a two-core machine well. Each module stays on one worker and the real-model tests share one
+# (tests/support/scheduling.py). TEST_WORKERS=0 runs it all in one process.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
 test: $(BIN)/.installed
 	$(COMPILE) >/dev/null
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
 # The deeper fuzz of the whole API (tests/test_schemathesis.py): 100 examples an operation, a new
 # seed each run as in `make test` (printed; FUZZ_SEED=<seed> replays it), and every operation must
@@ -50,7 +56,7 @@ fuzz: $(BIN)/.installed
 # (pyproject.toml's markers). `make test` (and CI) still runs them all.
 test-fast: $(BIN)/.installed
 	$(COMPILE) >/dev/null
-	$(BIN)/python -m pytest -m "not learning and not browser and not slow"
+	$(BIN)/python -m pytest $(XDIST) -m "not learning and not browser and not slow"
 
 # Every check runs even when an earlier one fails, so one pass reports all of them.
 lint: $(BIN)/.installed

@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.databases import DatabasePool
 from tests.support.processes import FakeUpstreamProcess, GatewayProcess, ModelServerProcess
+from tests.support.scheduling import check_server_modules, module_scheduling, on_the_server
 
 # Fixtures that live in support modules (module-scoped: each module that asks gets its own).
 pytest_plugins = ["tests.support.promotion"]
@@ -27,6 +28,21 @@ pytest_plugins = ["tests.support.promotion"]
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules on the SmolLM2 server first, so that pytest-xdist's worker that takes them starts
+    at once (tests/support/scheduling.py); and none of them missing from the list that keeps
+    them on one worker."""
+    check_server_modules(items, config.rootpath)
+    items.sort(key=lambda item: not on_the_server(item, config.rootpath))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test`'s scheduling between its workers (`--dist loadscope`): by module, the SmolLM2
+    server's modules on one worker (tests/support/scheduling.py)."""
+    return module_scheduling(config, log)
 
 
 def _reachable(url: str) -> bool:
