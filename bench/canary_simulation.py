@@ -193,7 +193,7 @@ def main() -> None:
     body = (
         f"{machine_line()}\n\nCommand: `python -m bench.canary_simulation {' '.join(sys.argv[1:])}` "
         f"({time.monotonic() - started:.0f} s)\n\n"
-        f"Alpha {ALPHA} (two-sided), at least {MIN_SAMPLES} units an arm, a look every {TICK_S:g} s at "
+        f"Alpha {ALPHA} (two-sided), at least {MIN_SAMPLES} rewarded runs an arm, a look every {TICK_S:g} s at "
         f"{RATE} units/s, rewards 0.5-8 s late, units counted {SETTLE_S:g} s after assignment, a new "
         f"lineage version every {VERSION_EVERY} units (each a new newest-version test), prompts' base "
         "rates uniform in 5-95%. A/A: every version equals the incumbent; a verdict is any promotion or "
