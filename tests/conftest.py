@@ -26,6 +26,16 @@ from tests.support.scheduling import check_server_modules, module_scheduling, on
 pytest_plugins = ["tests.support.promotion"]
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# torch's OpenMP threads sleep when they wait instead of spinning (set here, before any process
+# of the suite imports torch; the model servers and bench runs it starts inherit it). The two
+# xdist workers run torch in several processes at once (a SmolLM2 server, a training run, a
+# bench's quick mode) on two cores, and spinning threads of one hold the cores that another's
+# barrier waits on: two `bench.learner_step --quick` side by side took 145 s each spinning
+# (alone 15 s) and 19.5 s each waiting passively; the whole suite went from 23 min 23 s to
+# 16 min 49 s, run after run on one evening (the real-model learning tests from 341 s to 135 s).
+# Alone, a passive wait costs each small parallel region a wake-up (learner_step's tiny
+# steps 1.3-1.8x slower), which the suite, never alone on its cores, does not see.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 
