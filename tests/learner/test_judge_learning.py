@@ -36,6 +36,7 @@ import pytest
 
 from tests.conftest import count_rows, wait_for
 from tests.support.learning import (
+    ALL_THINGS,
     BASE,
     EVAL_THINGS,
     LEARNING,
@@ -56,9 +57,16 @@ from tests.support.learning import sample as sample_with
 JUDGE_WORDS = 10  # the judge's rule, never shown to the policy
 JUDGE_MODEL = f"judge-short{JUDGE_WORDS}"
 EVAL_SEEDS = (11, 12)  # 80 held-out samples, twice test_learning's: less noise in base and final
-# Measured (three full runs, 2 shared CPU cores): base 0.263 every time (seeded), final 0.925,
-# 0.988 and 0.912 after four rounds. A gain of 0.4 is learning beyond doubt, with room to spare.
+# Measured after four rounds: final 0.925, 0.988, 0.912, 0.975, 0.700 and 0.575 (base 0.263-0.287):
+# the server batches a round's 48 concurrent calls differently in every run, a batch's shape moves
+# a logit enough to change a sampled token, and each run trains on other answers. Four rounds were
+# too few to hold the margin every time; six are (see JUDGE_ROUNDS). A gain of 0.4 is learning
+# beyond doubt.
 MARGIN = 0.4
+# Rounds 4 and 5 take prompts no other round and no evaluation uses (after EVAL_THINGS). A round
+# whose every group is solved has nothing to teach and its run is skipped (Rounds.train_and_promote).
+JUDGE_ROUNDS = ROUNDS + 2
+EXTRA_THINGS = ALL_THINGS[len(TRAIN_THINGS) + len(EVAL_THINGS) :]
 BUDGET_S = 600  # as test_learning; measured 399 s and 522 s with the machine loaded to 3-4 (899 s at 4.5)
 JUDGE_PREFIX = "apprentice-judge:"
 JUDGE_WAIT_S = 1.0
@@ -76,6 +84,16 @@ def judged_success(text: str) -> float:
 def sample(client: Any, model: str, things: list[str], seeds: tuple[int, ...], *, raw: bool) -> list[dict[str, Any]]:
     """The harness's sampling with this module's prompt, scored by the judge's rule."""
     return sample_with(client, model, things, seeds, raw=raw, prompt_of=prompt, score=lambda t, _: judged_success(t))
+
+
+def judge_round_things(round_number: int) -> list[str]:
+    """The shared harness's rounds first, then TASKS_PER_ROUND things of EXTRA_THINGS per round."""
+    if round_number < ROUNDS:
+        return round_things(round_number)
+    start = (round_number - ROUNDS) * TASKS_PER_ROUND
+    things = EXTRA_THINGS[start : start + TASKS_PER_ROUND]
+    assert len(things) == TASKS_PER_ROUND, "ALL_THINGS has too few prompts for JUDGE_ROUNDS"
+    return things
 
 
 def judgement_rows(db: Any, policy: str) -> list[dict[str, Any]]:
@@ -211,10 +229,11 @@ def test_the_policy_learns_from_the_judge_alone(
     base_rate = success_rate(base_results)
     rounds.mark("base eval")
 
-    round_rates = []
-    for round_number in range(ROUNDS):
+    round_rates, solved_rounds = [], []
+    for round_number in range(JUDGE_ROUNDS):
         with JudgeHold(db, POLICY, judge) as hold:
-            results = sample(through_gateway, POLICY, round_things(round_number), round_seeds(round_number), raw=True)
+            things = judge_round_things(round_number)
+            results = sample(through_gateway, POLICY, things, round_seeds(round_number), raw=True)
             ids = [r["trajectory_id"] for r in results]
             wait_quiet(db, ids, JUDGE_WAIT_S)
             hold.release()
@@ -225,11 +244,14 @@ def test_the_policy_learns_from_the_judge_alone(
         assert len(judged) == TASKS_PER_ROUND, "one judgement per group (max_group_size = the group's size)"
         waited = time.monotonic() - sampled_at
         recorded = count_rows(db, "SELECT max(latency_ms) / 1000 FROM calls WHERE trajectory_id = ANY(%s::uuid[])", ids)
-        rounds.train_and_promote(
+        if all(len({r["reward"] for r in results if r["thing"] == thing}) == 1 for thing in things):
+            solved_rounds.append(round_number)  # every group's answers scored alike: nothing to learn
+        outcome = rounds.train_and_promote(
             round_number,
             f"rate {round_rates[-1]:.2f} calls answered in <= {recorded:.1f}s, judged {waited:.1f}s after recorded",
+            may_be_solved=True,
         )
-        rounds.timeline[-1] += f" groups {rounds.outcomes[-1].metrics['reward_sources']}"
+        rounds.timeline[-1] += f" groups {outcome.metrics.get('reward_sources')}"
 
     final = rounds.final
     final_results = sample(direct, final, EVAL_THINGS, EVAL_SEEDS, raw=False)
@@ -253,14 +275,22 @@ def test_the_policy_learns_from_the_judge_alone(
         for run in runs:
             print("  run", run)
 
-    # Every run trained on the judge's scores, and only on them: no webhook reward exists.
-    assert len(runs) == ROUNDS and all(run[0] == "succeeded" for run in runs)
+    # Every run trained on the judge's scores, and only on them: no webhook reward exists. A run
+    # was skipped only where every group of its round had scored alike.
+    assert len(runs) == JUDGE_ROUNDS
+    assert set(rounds.skipped) <= set(solved_rounds), (rounds.skipped, solved_rounds)
+    assert [run[0] for run in runs] == [
+        "skipped" if number in rounds.skipped else "succeeded" for number in range(JUDGE_ROUNDS)
+    ]
+    assert len(rounds.outcomes) >= ROUNDS, "most rounds train"
     for run in runs:
+        if run[0] == "skipped":
+            continue
         assert run[4] == "webhook_else_judge"
         assert run[5]["webhook"] == 0 and run[5]["judge"] >= 1, run
     assert count_rows(db, "SELECT count(*) FROM rewards WHERE source IS DISTINCT FROM 'judge'") == 0
     assert count_rows(db, "SELECT count(*) FROM rewards WHERE name <> 'judge'") == 0
-    sampled = ROUNDS * TASKS_PER_ROUND * SAMPLES_PER_TASK
+    sampled = JUDGE_ROUNDS * TASKS_PER_ROUND * SAMPLES_PER_TASK
     assert count_rows(db, "SELECT count(*) FROM rewards WHERE judgement_id IS NOT NULL AND status = 'linked'") == (
         sampled
     )
@@ -276,13 +306,13 @@ def test_the_policy_learns_from_the_judge_alone(
     assert all(t[2] is None for t in judge_trajectories)
     assert all(j["status"] == "judged" and j["attempts"] == 1 for j in judgements)
 
-    # The loop ran as production would: each round after the first served by the new adapter.
+    # The loop ran as production would: each round after a trained one served by the new adapter.
     served = count_rows(
         db,
         "SELECT count(DISTINCT adapter_version_id) FROM calls WHERE policy = %s AND adapter_version_id IS NOT NULL",
         POLICY,
     )
-    assert served == ROUNDS - 1
+    assert served == sum(1 for number in range(JUDGE_ROUNDS - 1) if number not in rounds.skipped)
 
     assert len(EVAL_THINGS) >= 32 and not set(EVAL_THINGS) & set(TRAIN_THINGS)
     assert final_rate >= base_rate + MARGIN, (base_rate, final_rate)

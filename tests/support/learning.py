@@ -241,15 +241,25 @@ class Rounds:
     started: float = field(default_factory=time.monotonic)
     outcomes: list[Any] = field(default_factory=list)
     timeline: list[str] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)  # rounds with every group solved (see train_and_promote)
 
     def mark(self, what: str) -> None:
         self.timeline.append(f"{what} {time.monotonic() - self.started:.0f}s")
 
-    def train_and_promote(self, round_number: int, note: str = "") -> Any:
-        """run_once, then promote its candidate; `note` goes in the round's timeline line."""
+    def train_and_promote(self, round_number: int, note: str = "", *, may_be_solved: bool = False) -> Any:
+        """run_once, then promote its candidate; `note` goes in the round's timeline line.
+
+        may_be_solved: a round whose every group got equal rewards (all solved, late in a run) has
+        nothing to teach, and the learner rightly skips it; allowed only where the caller says so,
+        and only for that reason. Nothing is promoted then and `final` stays the last candidate."""
         from learner.jobs.run import run_once
 
         outcome = run_once(self.settings, self.settings.policies[0].name, trigger=f"{self.label}-round-{round_number}")
+        if may_be_solved and outcome.status == "skipped":
+            assert outcome.error == "no group with a learning signal", (outcome.error, outcome.metrics)
+            self.skipped.append(round_number)
+            self.timeline.append(f"round {round_number} {self.elapsed:.0f}s {note} skipped: {outcome.error}")
+            return outcome
         assert outcome.status == "succeeded", (outcome.status, outcome.error, outcome.metrics)
         self.outcomes.append(outcome)
         promoted = httpx.post(
