@@ -200,10 +200,6 @@ class LoopResult:
     # the one evaluator every gain ratio is read on (see `gain_ratio`).
     reference_after: Evaluation | None = None
 
-    @property
-    def gain(self) -> float:
-        return self.after.rate - self.before.rate
-
 
 def gain_ratio(product: LoopResult) -> float:
     """The product's gain over the bare loop's, both read by one evaluator: the product's
