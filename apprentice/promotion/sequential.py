@@ -75,7 +75,13 @@ Ramdas 2024, Section 5.1, on a window of about 1 / (1 - gamma) = BET_WINDOW runs
 a lineage whose newer versions are better. The window is counted in runs, not units, because the
 lineage moves with the runs it trains on: a window of 200 units of named groups of 8 was 1,600
 runs, longer than a whole 800-run stretch, so a lineage whose first versions were worse had its
-bets held at 0 long after it got better. The prior, BET_PRIOR_UNITS units of the mean square
+bets held at 0 long after it got better. It is 100 runs rather than 200 because a lineage often
+gets better late and in a few versions (on the colour task both the live and the bare loop learnt
+in the last 40% of 640 answers), and the bets must grow within a few dozen group units of that:
+in bench/promotion_lag.py's rows (400 replications, same seeds) 100 runs shortened the median lag
+in all eight (format, groups of 8: 368 -> 360 runs; content, runs: 604 -> 583) and, on its
+late-learning curve, promoted more lineages within the run (see docs/benchmarks.md); 50 runs did
+worse than either, its bets following the noise of a few units. The prior, BET_PRIOR_UNITS units of the mean square
 seen so far, keeps the first bets small: with a prior of one unit, 2 of 40 simulated lineages
 whose gain grows from 0 were called worse in their first 80 units, with 20 none, at the same
 power. It is counted in units of what the units have shown, not of the largest variance a unit
@@ -120,7 +126,7 @@ HORIZON = 500
 # The test's bets: at most this share of the wealth at risk on one unit, sized from a window of
 # about BET_WINDOW recent runs (see the module's docstring).
 BET_CAP = 0.9
-BET_WINDOW = 200
+BET_WINDOW = 100
 BET_PRIOR_UNITS = 20
 
 
