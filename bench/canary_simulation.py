@@ -9,7 +9,7 @@ Each replication is one lineage's canary, simulated the way the promotion job se
   old (`promotion.settle_s`, `apprentice up`'s 10 s);
 - the lineage produces a new version every VERSION_EVERY units and the canary moves to it;
 - every TICK_S the job looks and acts on the first decisive look, with the production rule:
-  `evaluation.alpha_split`, `evaluation.decide_lineage`, `sequential.EffectSequence` (the
+  `evaluation.alpha_split`, `evaluation.decision_alphas`, `evaluation.decide_lineage`, `sequential.EffectSequence` (the
   lineage's units since its first canary, and the newest version's since it became the canary).
 
 A/A: every version equals the incumbent; the share of replications with any verdict (promote or
@@ -65,12 +65,14 @@ SHAPES = [
 ]
 
 
-def comparison(sequence: EffectSequence, arms: list[int], alpha: float) -> ev.Comparison:
+def comparison(
+    sequence: EffectSequence, arms: list[int], alpha: float, direction_alphas: ev.DirectionAlphas
+) -> ev.Comparison:
     """The promotion job's Comparison of one sequence (insufficient before MIN_SAMPLES an arm)."""
     stats = ev.ArmStats(arms[1], None, None), ev.ArmStats(arms[0], None, None)
     if min(arms) < MIN_SAMPLES:
         return ev.Comparison(*stats, "sequential", 1 - alpha, MIN_SAMPLES, ev.INSUFFICIENT)
-    interval = ev.sequential_result(sequence.interval())
+    interval = ev.sequential_result(sequence.interval(), direction_alphas)
     return ev.Comparison(*stats, "sequential", 1 - alpha, MIN_SAMPLES, ev.verdict_of(interval), interval)
 
 
@@ -106,9 +108,10 @@ class CanaryLooks:
             if unit_version == self.version:
                 self.newest.add(unit)
                 self.newest_arms[unit.canary] += unit.runs
+        lineage_test, newest_test = ev.decision_alphas(ALPHA, newest_index=max(1, self.version))
         return ev.decide_lineage(
-            comparison(self.lineage, self.lineage_arms, self.lineage_alpha),
-            comparison(self.newest, self.newest_arms, self.newest_alpha()),
+            comparison(self.lineage, self.lineage_arms, self.lineage_alpha, lineage_test),
+            comparison(self.newest, self.newest_arms, self.newest_alpha(), newest_test),
             mode="automatic",
             elapsed_s=now,
             timeout_s=math.inf,

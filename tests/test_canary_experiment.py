@@ -233,5 +233,5 @@ def test_a_better_version_is_promoted_and_a_worse_one_rejected(start_gateway, db
         assert status_of(db, better) == "promoted"
         evaluation = db.execute("SELECT evaluation FROM adapter_versions WHERE id = %s", (worse,)).fetchone()[0]
         interval = evaluation["interval"]
-        assert evaluation["verdict"] == "worse" and interval["wealth_worse"] >= interval["threshold"]
+        assert evaluation["verdict"] == "worse" and interval["wealth_worse"] >= interval["threshold_worse"]
         assert interval["difference"] < 0

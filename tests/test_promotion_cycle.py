@@ -160,7 +160,7 @@ def test_reviewed_policy_waits_for_the_admin(start_gateway, local_server, tiny, 
     evaluation = detail["evaluation"]
     assert evaluation["verdict"] == "better" and evaluation["decision"] == "review"
     interval = evaluation["interval"]
-    assert evaluation["canary"]["n"] >= 5 and interval["wealth_better"] >= interval["threshold"] > 0
+    assert evaluation["canary"]["n"] >= 5 and interval["wealth_better"] >= interval["threshold_better"] > 0
     assert [t["to_status"] for t in detail["transitions"]] == ["canary"]
 
     # Errors: OpenAI format, 404 for unknown versions, 409 naming the current status.

@@ -127,6 +127,37 @@ def test_sequential_compare_and_the_lineage_decision():
     assert decide(better, few, mode="reviewed") == decide(worse, worse, mode="reviewed") == ev.REVIEW
 
 
+def test_the_budget_is_spent_only_on_verdicts_the_rule_acts_on():
+    """Promotion gets alpha / 2, rejection alpha / 2 over the lineage and all its newest versions;
+    a newest version's "better" decides nothing and is never tested."""
+    alpha = 0.1
+    lineage, first = ev.decision_alphas(alpha, newest_index=1)
+    assert (lineage.better, lineage.worse, first.better) == (pytest.approx(0.05), pytest.approx(0.04), 0.0)
+    newest_worse = math.fsum(ev.decision_alphas(alpha, newest_index=k)[1].worse for k in range(1, 200_000))
+    assert lineage.better == pytest.approx(alpha / 2)
+    assert lineage.worse + newest_worse == pytest.approx(alpha / 2, rel=1e-4), "wrong rejections: at most alpha / 2"
+    # the rejections keep what the two-sided tests at alpha_split's alphas spent on them
+    lineage_interval, newest_interval = ev.alpha_split(alpha, newest_index=3)
+    assert lineage.worse == pytest.approx(lineage_interval / 2)
+    assert ev.decision_alphas(alpha, newest_index=3)[1].worse == pytest.approx(newest_interval / 2)
+
+    # Thresholds per direction: a lineage wealth of 21 promotes (1 / 0.05 = 20), not at 2 / 0.08 = 25.
+    rng = random.Random(5)
+    good = [float(rng.random() < 0.7) for _ in range(400)]
+    bad = [float(rng.random() < 0.4) for _ in range(400)]
+    units = interleaved_units(good, bad)
+    found = ev.compare(units, method="sequential", min_samples=10, direction_alphas=lineage, confidence=0.92)
+    assert found.interval.threshold_better == pytest.approx(20) and found.interval.threshold_worse == pytest.approx(25)
+    newest = ev.compare(units, method="sequential", min_samples=10, direction_alphas=first, confidence=0.99)
+    assert newest.interval.wealth_better > 1e6 and newest.interval.threshold_better is None
+    assert newest.verdict == ev.INCONCLUSIVE, "a newest version's gain is not a verdict"
+    assert ev.compare(
+        interleaved_units(bad, good), method="sequential", min_samples=10, direction_alphas=first
+    ).verdict == (ev.WORSE)
+    default = ev.compare(units, method="sequential", min_samples=10, confidence=0.92).interval
+    assert default.threshold_better == default.threshold_worse == pytest.approx(25), "two-sided at alpha by default"
+
+
 # ---------------------------------------------------------------- gates
 
 A_RUN = TrainingRun(

@@ -159,7 +159,7 @@ def test_the_test_by_betting_finds_a_rare_success_gain_the_interval_still_holds_
             decided_at, interval_then = index + 1, found
     assert decided_at is not None and interval_then.verdict == "better", "a 7-point gain at 2% is found in 900 units"
     assert interval_then.low < 0 < interval_then.high, "where the interval alone would still wait"
-    assert interval_then.wealth_better >= interval_then.threshold == 2 / ALPHA
+    assert interval_then.wealth_better >= interval_then.threshold == 2 / ALPHA  # two-sided at alpha
     assert interval_then.wealth_worse < 1, "the bets against a loss lost"
 
 

@@ -377,12 +377,29 @@ def test_a_canary_comparison_shows_the_tests_wealth_beside_its_interval():
             "high": 0.094,
             "wealth_better": 27.5,
             "wealth_worse": 0.46,
-            "threshold": 25.0,
+            "threshold_better": 20.0,
+            "threshold_worse": 25.0,
         },
     }
     page = environment.get_template("_evaluation.html").render(evaluation=evaluation)
-    assert 'data-testid="evidence"' in page and "27.5" in page and "decides at 25" in page
+    assert 'data-testid="evidence"' in page and "27.5" in page
+    assert "promotes at 20" in page and "rejects at 25" in page
     assert "[-0.013, 0.094]" in page
+    newest_only = {**evaluation, "interval": {**evaluation["interval"], "threshold_better": None}}
+    assert "never promotes" in environment.get_template("_evaluation.html").render(evaluation=newest_only)
+    # An evaluation stored before the thresholds were per direction still reads.
+    stored = {
+        **evaluation,
+        "interval": {
+            "difference": 0.04,
+            "low": -0.013,
+            "high": 0.094,
+            "wealth_better": 27.5,
+            "wealth_worse": 0.46,
+            "threshold": 25.0,
+        },
+    }
+    assert "decides at 25" in environment.get_template("_evaluation.html").render(evaluation=stored)
     fixed = environment.get_template("_evaluation.html").render(
         evaluation={**evaluation, "method": "welch", "interval": {"difference": 0.04, "low": 0.01, "high": 0.07}}
     )

@@ -87,14 +87,20 @@ async def evaluate_canary(
         "min_samples": promotion.min_samples,
         "reward_range": policy.reward_range,
     }
-    # The false-verdict budget 1 - confidence is shared: most for the lineage's test, the rest
-    # spent over the lineage's successive newest versions (the k-th gets 6 / (pi k)^2 of it).
+    # The false-verdict budget 1 - confidence is shared: most for the lineage's interval and test,
+    # the rest spent over the lineage's successive newest versions (the k-th gets 6 / (pi k)^2 of
+    # it); the tests spend it only on the verdicts decide_lineage acts on (ev.decision_alphas).
     position = next((i for i, v in enumerate(lineage, 1) if v.id == version.id), len(lineage) + 1)
     lineage_alpha, newest_alpha = ev.alpha_split(1.0 - promotion.confidence, newest_index=position)
+    lineage_test, newest_test = ev.decision_alphas(1.0 - promotion.confidence, newest_index=position)
     # Off the event loop: a bootstrap over large arms takes seconds of pure Python, and the
     # admin API calls this when a version is opened.
-    comparison = await asyncio.to_thread(ev.compare, found.lineage, confidence=1.0 - lineage_alpha, **options)
-    newest = await asyncio.to_thread(ev.compare, found.newest, confidence=1.0 - newest_alpha, **options)
+    comparison = await asyncio.to_thread(
+        ev.compare, found.lineage, confidence=1.0 - lineage_alpha, direction_alphas=lineage_test, **options
+    )
+    newest = await asyncio.to_thread(
+        ev.compare, found.newest, confidence=1.0 - newest_alpha, direction_alphas=newest_test, **options
+    )
     elapsed = (now - since).total_seconds()
     decision = ev.decide_lineage(
         comparison, newest, mode=promotion.mode, elapsed_s=elapsed, timeout_s=promotion.timeout_s

@@ -20,10 +20,10 @@ history, valid at every look and every sample size) or a fixed-sample interval o
 unit means, Welch's t (closed form, deterministic) or a percentile bootstrap (seeded); these
 two are only valid for a single look and compare the arms' prompts along with their versions.
 Significantly better: the whole interval is above 0; significantly worse: below 0; for the
-sequential method, its test by betting at the same alpha decides instead (sharper at 0; the
-interval still gives the effect's size). Nothing is decided before each arm has `min_samples`
-rewarded runs (the setting's unit: a client's named group of 8 runs is one randomised unit and
-counts 8) and two units.
+sequential method, its test by betting decides instead (sharper at 0; the interval still gives
+the effect's size), with the budget spent only on the verdicts the rule acts on (`decision_alphas`).
+Nothing is decided before each arm has `min_samples` rewarded runs (the setting's unit: a
+client's named group of 8 runs is one randomised unit and counts 8) and two units.
 
 The statistics are pure functions (no database) and are unit-tested against known values.
 """
@@ -144,19 +144,26 @@ class Interval:
     high: float
     df: float | None = None  # Welch-Satterthwaite degrees of freedom
     # The sequential method's test by betting (sequential.py): its wealth against "no gain" and
-    # against "no loss", and the wealth at which it decides. None for the fixed-sample methods.
+    # against "no loss", and the wealth at which each direction decides (1 / its alpha; None: that
+    # direction never decides). All None for the fixed-sample methods.
     wealth_better: float | None = None
     wealth_worse: float | None = None
-    threshold: float | None = None
+    threshold_better: float | None = None
+    threshold_worse: float | None = None
+
+    @property
+    def tested(self) -> bool:
+        """Whether a test by betting decides (the sequential method), not the interval."""
+        return self.threshold_better is not None or self.threshold_worse is not None
 
 
 def verdict_of(interval: Interval) -> str:
-    """Better, worse or inconclusive. The sequential method's test decides where it ran (its
-    wealth reached the threshold); a fixed-sample interval decides by whether it holds 0."""
-    if interval.threshold is not None:
-        if (interval.wealth_better or 0.0) >= interval.threshold:
+    """Better, worse or inconclusive. The sequential method's test decides where it ran (a
+    direction's wealth reached its threshold); a fixed-sample interval decides by whether it holds 0."""
+    if interval.tested:
+        if interval.threshold_better is not None and (interval.wealth_better or 0.0) >= interval.threshold_better:
             return BETTER
-        if (interval.wealth_worse or 0.0) >= interval.threshold:
+        if interval.threshold_worse is not None and (interval.wealth_worse or 0.0) >= interval.threshold_worse:
             return WORSE
         return INCONCLUSIVE
     return BETTER if interval.low > 0 else WORSE if interval.high < 0 else INCONCLUSIVE
@@ -215,10 +222,28 @@ class Comparison:
         return data
 
 
+@dataclass(frozen=True)
+class DirectionAlphas:
+    """A test's false-verdict budget per direction: it says "better" wrongly with probability at
+    most `better`, "worse" at most `worse` (Ville: a direction decides when its wealth reaches
+    1 / its alpha). 0: that direction never decides."""
+
+    better: float
+    worse: float
+
+    @classmethod
+    def two_sided(cls, alpha: float) -> DirectionAlphas:
+        return cls(alpha / 2.0, alpha / 2.0)
+
+
 def sequential_interval(
-    units: Sequence[Unit], confidence: float = 0.95, reward_range: tuple[float, float] | None = None
+    units: Sequence[Unit],
+    confidence: float = 0.95,
+    reward_range: tuple[float, float] | None = None,
+    direction_alphas: DirectionAlphas | None = None,
 ) -> Interval:
-    """The always-valid interval on the canary's average effect at alpha = 1 - confidence.
+    """The always-valid interval on the canary's average effect at alpha = 1 - confidence, with
+    the test by betting at `direction_alphas` (two-sided at the same alpha when None).
 
     The reward range scales the test: the policy's declared range when set, else the smallest
     range holding every observed reward."""
@@ -228,18 +253,21 @@ def sequential_interval(
         if reward_range[0] == reward_range[1]:
             reward_range = (reward_range[0], reward_range[0] + 1.0)
     found = confidence_sequence(units, alpha=1.0 - confidence, reward_range=reward_range)
-    return sequential_result(found)
+    return sequential_result(found, direction_alphas)
 
 
-def sequential_result(found: EffectInterval) -> Interval:
-    """The confidence sequence's interval with its test's wealth (what `verdict_of` reads)."""
+def sequential_result(found: EffectInterval, direction_alphas: DirectionAlphas | None = None) -> Interval:
+    """The confidence sequence's interval with its test's wealth and thresholds (what `verdict_of`
+    reads); the test is two-sided at the interval's alpha unless `direction_alphas` says otherwise."""
+    alphas = direction_alphas or DirectionAlphas.two_sided(found.alpha)
     return Interval(
         found.difference,
         found.low,
         found.high,
         wealth_better=found.wealth_better,
         wealth_worse=found.wealth_worse,
-        threshold=found.threshold,
+        threshold_better=1.0 / alphas.better if alphas.better > 0 else None,
+        threshold_worse=1.0 / alphas.worse if alphas.worse > 0 else None,
     )
 
 
@@ -251,8 +279,10 @@ def compare(
     min_samples: int = 30,
     seed: int = 0,
     reward_range: tuple[float, float] | None = None,
+    direction_alphas: DirectionAlphas | None = None,
 ) -> Comparison:
-    """The canary's arm against the incumbent's over `units` (in the order they were assigned)."""
+    """The canary's arm against the incumbent's over `units` (in the order they were assigned).
+    `direction_alphas`: the sequential method's test per direction (two-sided at 1 - confidence when None)."""
     canary = [unit.value for unit in units if unit.canary]
     incumbent = [unit.value for unit in units if not unit.canary]
     stats = ArmStats.of(canary), ArmStats.of(incumbent)
@@ -263,7 +293,7 @@ def compare(
     if min(len(canary), len(incumbent)) < 2 or min(canary_runs, incumbent_runs) < min_samples:
         return Comparison(*stats, method, confidence, min_samples, INSUFFICIENT)
     if method == "sequential":
-        interval = sequential_interval(units, confidence, reward_range)
+        interval = sequential_interval(units, confidence, reward_range, direction_alphas)
     elif method == "welch":
         interval = welch_interval(canary, incumbent, confidence)
     elif method == "bootstrap":
@@ -278,13 +308,32 @@ NEWEST_ALPHA_SHARE = 0.2
 
 
 def alpha_split(alpha: float, *, newest_index: int) -> tuple[float, float]:
-    """The lineage's alpha and the alpha of its `newest_index`-th version's own comparison.
+    """The alphas of the lineage's interval and of its `newest_index`-th version's own interval.
 
-    An A/A canary is wrongly called better or worse by the lineage's test with probability at
-    most its alpha, and by any of its versions' own tests with at most the sum of theirs:
-    (1 - share) alpha + share alpha sum_k 6 / (pi k)^2 = alpha over a lineage of any length."""
+    The intervals (what the teacher takeover's margins read, and what the evaluation shows) cover
+    the lineage's effect with probability at least 1 - its alpha and every newest version's with
+    at least 1 - the sum of theirs: (1 - share) alpha + share alpha sum_k 6 / (pi k)^2 = alpha over a
+    lineage of any length."""
     newest = alpha * NEWEST_ALPHA_SHARE * 6.0 / (math.pi * max(1, newest_index)) ** 2
     return alpha * (1.0 - NEWEST_ALPHA_SHARE), newest
+
+
+def decision_alphas(alpha: float, *, newest_index: int) -> tuple[DirectionAlphas, DirectionAlphas]:
+    """The lineage's test and its `newest_index`-th version's, per direction, from the budget
+    alpha = 1 - confidence. Only what `decide_lineage` acts on is tested:
+
+        lineage "better" (promotes)      alpha / 2
+        lineage "worse"  (rejects)       alpha / 2 (1 - NEWEST_ALPHA_SHARE)
+        k-th newest "worse" (rejects)    alpha / 2 NEWEST_ALPHA_SHARE 6 / (pi k)^2
+        k-th newest "better"             0: never acted on, never tested
+
+    A wrong promotion has probability at most alpha / 2 and a wrong rejection at most
+    alpha / 2 (1 - share + share sum_k 6 / (pi k)^2) = alpha / 2, so an A/A canary gets any verdict
+    with at most alpha. The rejections' budget is what two-sided tests at `alpha_split`'s alphas
+    spent on them; the newest versions' "better" halves, which no rule read, go to the promotion:
+    its threshold falls from 2 / (alpha (1 - share)) to 2 / alpha (25 to 20 at confidence 0.9)."""
+    _, newest = alpha_split(alpha, newest_index=newest_index)
+    return DirectionAlphas(alpha / 2.0, alpha / 2.0 * (1.0 - NEWEST_ALPHA_SHARE)), DirectionAlphas(0.0, newest / 2.0)
 
 
 def decide(comparison: Comparison, *, mode: str, elapsed_s: float, timeout_s: float) -> str:

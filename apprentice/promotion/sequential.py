@@ -105,7 +105,9 @@ effect is at most 0 (tau_i <= 0 for s = +1, >= 0 for s = -1), E[d_i | past] <= 0
 nonnegative supermartingale with W_0 = 1: by Ville's inequality it ever reaches 2 / alpha with
 probability at most alpha / 2 (Shafer, "Testing by betting", JRSS-A 2021; Waudby-Smith and Ramdas
 2024, Section 4). "Better" when W(+1) >= 2 / alpha, "worse" when W(-1) >= 2 / alpha: under A/A at
-most alpha of canaries get any verdict at any look. On a live loop's unique-prompt canary (a
+most alpha of canaries get any verdict at any look. (Any split of alpha between the directions
+keeps this: the promotion job gives each verdict the budget evaluation.decision_alphas sets, and a
+direction decides at 1 / its alpha.) On a live loop's unique-prompt canary (a
 lineage 2% -> 10% on its traffic; the lineage's alpha 0.08) W(+1) passed 2 / alpha at unit 654,
 when the interval was [-0.013, +0.094], and it still held 0 at the last unit, 710.
 
