@@ -20,6 +20,12 @@ promotion.
 
     python -m bench.canary_simulation                 # 10,000 A/A replications per shape, writes docs/benchmarks.md
     python -m bench.canary_simulation --quick --no-write
+    python -m bench.canary_simulation --replications 0 --budget two-sided --no-write   # power only, the old budget
+
+Each power replication draws from its own seed, so two rules compared with the same arguments meet the same traffic
+replication by replication (a replication that decides sooner does not shift the random stream of the next).
+`--budget two-sided` runs the rule before commit e290f55 (each test two-sided at `evaluation.alpha_split`'s alphas,
+promotion at a wealth of 25 at confidence 0.9), for such comparisons; the default is the production rule.
 """
 
 from __future__ import annotations
@@ -76,12 +82,26 @@ def comparison(
     return ev.Comparison(*stats, "sequential", 1 - alpha, MIN_SAMPLES, ev.verdict_of(interval), interval)
 
 
+BUDGETS = ("acted", "two-sided")
+BUDGET_WORDS = {
+    "acted": "alpha / 2 for promotions, alpha / 2 for rejections: evaluation.decision_alphas",
+    "two-sided": "each test two-sided at evaluation.alpha_split's alphas: the rule before e290f55",
+}
+
+
+def two_sided_alphas(alpha: float, *, newest_index: int) -> tuple[ev.DirectionAlphas, ev.DirectionAlphas]:
+    """The rule before e290f55: the lineage's and the newest version's tests each two-sided at their alpha."""
+    lineage, newest = ev.alpha_split(alpha, newest_index=newest_index)
+    return ev.DirectionAlphas.two_sided(lineage), ev.DirectionAlphas.two_sided(newest)
+
+
 class CanaryLooks:
     """The promotion job's view of one lineage's canary: each assigned unit waits SETTLE_S, and
     each look adds the settled ones to the lineage's sequence (every version since its first
     canary) and to the newest version's, then decides by the production rule."""
 
-    def __init__(self, version: int = 1) -> None:
+    def __init__(self, version: int = 1, budget: str = "acted") -> None:
+        self.decision_alphas = ev.decision_alphas if budget == "acted" else two_sided_alphas
         self.lineage_alpha = ev.alpha_split(ALPHA, newest_index=1)[0]
         self.lineage, self.lineage_arms = EffectSequence(self.lineage_alpha), [0, 0]
         self.version = version  # the newest version's index in the lineage (0: none serves yet)
@@ -108,7 +128,7 @@ class CanaryLooks:
             if unit_version == self.version:
                 self.newest.add(unit)
                 self.newest_arms[unit.canary] += unit.runs
-        lineage_test, newest_test = ev.decision_alphas(ALPHA, newest_index=max(1, self.version))
+        lineage_test, newest_test = self.decision_alphas(ALPHA, newest_index=max(1, self.version))
         return ev.decide_lineage(
             comparison(self.lineage, self.lineage_arms, self.lineage_alpha, lineage_test),
             comparison(self.newest, self.newest_arms, self.newest_alpha(), newest_test),
@@ -118,10 +138,10 @@ class CanaryLooks:
         )
 
 
-def replicate(shape: Shape, gain: float, rng: random.Random) -> tuple[str, int]:
+def replicate(shape: Shape, gain: float, rng: random.Random, budget: str = "acted") -> tuple[str, int]:
     """One lineage's canary: (decision, units from the first better version's start to it)."""
     difficulty = [rng.uniform(0.05, 0.95) for _ in range(shape.tasks)]
-    looks = CanaryLooks()
+    looks = CanaryLooks(budget=budget)
     better_from = LATE_VERSIONS * VERSION_EVERY if gain else 0
     next_tick = TICK_S
     for index in range(MAX_UNITS):
@@ -144,9 +164,15 @@ def replicate(shape: Shape, gain: float, rng: random.Random) -> tuple[str, int]:
     return "none", MAX_UNITS - better_from
 
 
-def run_shape(shape: Shape, gain: float, replications: int, seed: int) -> list[tuple[str, int]]:
+def run_shape(shape: Shape, gain: float, replications: int, seed: int, budget: str = "acted") -> list[tuple[str, int]]:
+    """A/A replications share one random stream (the figures of record since 2026-12-01 used it)."""
     rng = random.Random(seed)
-    return [replicate(shape, gain, rng) for _ in range(replications)]
+    return [replicate(shape, gain, rng, budget) for _ in range(replications)]
+
+
+def run_paired(shape: Shape, gain: float, replications: int, seed: int, budget: str = "acted") -> list[tuple[str, int]]:
+    """Power replications, each from its own seed: the same traffic whatever the rule decides."""
+    return [replicate(shape, gain, random.Random(seed * 100_000 + j), budget) for j in range(replications)]
 
 
 def main() -> None:
@@ -155,30 +181,37 @@ def main() -> None:
     parser.add_argument("--power-replications", type=int, default=400, help="replications per gain and shape")
     parser.add_argument("--quick", action="store_true", help="40 A/A and 8 power replications, seconds")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument(
+        "--budget", choices=BUDGETS, default="acted", help="the production rule, or the two-sided one before e290f55"
+    )
     args = parser.parse_args()
+    if args.budget != "acted":
+        args.no_write = True  # docs/benchmarks.md's section is the production rule's
     replications = 40 if args.quick else args.replications
     power_replications = 8 if args.quick else args.power_replications
     started = time.monotonic()
     aa_rows, power_rows = [], []
     for number, shape in enumerate(SHAPES):
-        results = run_shape(shape, 0.0, replications, seed=1000 + number)
-        false = sum(decision != "none" for decision, _ in results)
-        rate = false / replications
-        se = math.sqrt(ALPHA * (1 - ALPHA) / replications)
-        aa_rows.append(
-            [
-                shape.name,
-                replications,
-                sum(d == ev.PROMOTE for d, _ in results),
-                sum(d == ev.REJECT for d, _ in results),
-                f"{rate:.2%}",
-                f"{ALPHA + 2 * se:.2%}",
-                "yes" if rate <= ALPHA + 2 * se else "NO",
-            ]
-        )
-        print(aa_rows[-1], flush=True)
+        if replications:  # 0: the power rows only
+            results = run_shape(shape, 0.0, replications, seed=1000 + number, budget=args.budget)
+            false = sum(decision != "none" for decision, _ in results)
+            rate = false / replications
+            se = math.sqrt(ALPHA * (1 - ALPHA) / replications)
+            aa_rows.append(
+                [
+                    shape.name,
+                    replications,
+                    sum(d == ev.PROMOTE for d, _ in results),
+                    sum(d == ev.REJECT for d, _ in results),
+                    f"{rate:.2%}",
+                    f"{ALPHA + 2 * se:.2%}",
+                    "yes" if rate <= ALPHA + 2 * se else "NO",
+                ]
+            )
+            print(aa_rows[-1], flush=True)
         for gain in (0.1, 0.2, 0.3):
-            results = run_shape(shape, gain, power_replications, seed=2000 + number * 10 + int(gain * 10))
+            seed = 2000 + number * 10 + int(gain * 10)
+            results = run_paired(shape, gain, power_replications, seed, budget=args.budget)
             units = sorted(n for decision, n in results if decision == ev.PROMOTE)
             median = statistics.median(units) if units else math.nan
             power_rows.append(
@@ -196,7 +229,8 @@ def main() -> None:
     body = (
         f"{machine_line()}\n\nCommand: `python -m bench.canary_simulation {' '.join(sys.argv[1:])}` "
         f"({time.monotonic() - started:.0f} s)\n\n"
-        f"Alpha {ALPHA} (two-sided), at least {MIN_SAMPLES} rewarded runs an arm, a look every {TICK_S:g} s at "
+        f"Alpha {ALPHA} ({BUDGET_WORDS[args.budget]}), at least {MIN_SAMPLES} rewarded runs an arm, "
+        f"a look every {TICK_S:g} s at "
         f"{RATE} units/s, rewards 0.5-8 s late, units counted {SETTLE_S:g} s after assignment, a new "
         f"lineage version every {VERSION_EVERY} units (each a new newest-version test), prompts' base "
         "rates uniform in 5-95%. A/A: every version equals the incumbent; a verdict is any promotion or "
@@ -206,7 +240,8 @@ def main() -> None:
         )
         + f"\n\nTime to promotion: the lineage equals the incumbent for {LATE_VERSIONS} versions "
         f"({LATE_VERSIONS * VERSION_EVERY} units), then every new unit of the canary's arm is better by the gain; "
-        "units counted from that moment to the promotion (of every unit, both arms).\n\n"
+        "units counted from that moment to the promotion (of every unit, both arms); each replication from its own "
+        "seed.\n\n"
         + markdown_table(
             ["shape", "gain", "promoted", "rejected", "median units", "median time", "90th pct units"],
             power_rows,
