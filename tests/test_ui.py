@@ -388,17 +388,9 @@ def test_a_canary_comparison_shows_the_tests_wealth_beside_its_interval():
     newest_only = {**evaluation, "interval": {**evaluation["interval"], "threshold_better": None}}
     assert "never promotes" in environment.get_template("_evaluation.html").render(evaluation=newest_only)
     # An evaluation stored before the thresholds were per direction still reads.
-    stored = {
-        **evaluation,
-        "interval": {
-            "difference": 0.04,
-            "low": -0.013,
-            "high": 0.094,
-            "wealth_better": 27.5,
-            "wealth_worse": 0.46,
-            "threshold": 25.0,
-        },
-    }
+    per_direction = ("threshold_better", "threshold_worse")
+    old_interval = {key: value for key, value in evaluation["interval"].items() if key not in per_direction}
+    stored = {**evaluation, "interval": {**old_interval, "threshold": 25.0}}
     assert "decides at 25" in environment.get_template("_evaluation.html").render(evaluation=stored)
     fixed = environment.get_template("_evaluation.html").render(
         evaluation={**evaluation, "method": "welch", "interval": {"difference": 0.04, "low": 0.01, "high": 0.07}}
