@@ -35,6 +35,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("learner_split", ["--quick"]),
     ("learner_step", ["--quick"]),
     ("limits_overhead", ["--quick"]),
+    ("promotion_ceiling", ["--quick", "--no-write"]),
     ("promotion_lag", ["--quick", "--no-write"]),
     ("promotion_latency", ["--quick"]),
     ("protocol_overhead", ["--quick"]),
