@@ -21,6 +21,14 @@ $(BIN)/.installed: pyproject.toml clients/python/pyproject.toml
 
 install: $(BIN)/.installed
 
+# The official Node SDKs the suite calls the gateway with (tests/test_node_clients.py), pinned by
+# the lock file. Only `make test` needs them: `make up` does not need Node.js.
+NODE_CLIENTS := tests/clients/node
+$(NODE_CLIENTS)/node_modules/.installed: $(NODE_CLIENTS)/package.json $(NODE_CLIENTS)/package-lock.json
+	@command -v npm >/dev/null || { echo "make test needs Node.js and npm (apt-get install nodejs npm)"; exit 1; }
+	npm ci --prefix $(NODE_CLIENTS) --no-audit --no-fund --loglevel=error
+	touch $@
+
 up: $(BIN)/.installed
 	$(BIN)/apprentice up
 
@@ -36,7 +44,7 @@ COMPILE := $(BIN)/python -m compileall -q -j 0 apprentice gateway learner bench 
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-test: $(BIN)/.installed
+test: $(BIN)/.installed $(NODE_CLIENTS)/node_modules/.installed
 	$(COMPILE) >/dev/null
 	$(BIN)/python -m pytest $(XDIST)
 
