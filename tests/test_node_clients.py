@@ -3,11 +3,12 @@
 The Python suite drives the gateway with the official Python clients; users of other languages
 meet the same endpoints through their own SDKs, which send other headers, parse answers by their
 own rules and raise their own error classes. tests/clients/node/clients.mjs makes the calls a Node
-agent makes (chat completions whole and streamed, the Responses API whole and streamed, the model
-list, bad requests, Anthropic's Messages whole and streamed) with only the base URL changed; this
-checks what the SDKs returned and that each call was recorded.
+agent makes, with only the base URL changed: chat completions whole and streamed, the Responses
+API whole, chained by previous_response_id and streamed, the model list, bad requests, and
+Anthropic's Messages whole and streamed. This checks what the SDKs returned and that each call
+was recorded.
 
-The SDKs are pinned in tests/clients/node/package.json and installed by `make install` (npm ci).
+The SDKs are pinned in tests/clients/node/package-lock.json; `make test` installs them (npm ci).
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ def test_the_node_sdks_call_every_protocol_and_each_call_is_recorded(gateway, db
     # The Responses API, whole and streamed (the policy's endpoint speaks only chat: translated).
     assert out["responses"]["status"] == "completed"
     assert out["responses"]["text"].startswith("Hello through the Responses API.")
+    # A turn chained by previous_response_id continues the conversation the gateway stored.
+    assert out["chained"]["previous"] == out["responses"]["id"]
+    assert out["chained"]["text"].startswith("And after that?")
     assert (out["responsesStream"]["first"], out["responsesStream"]["last"]) == (
         "response.created",
         "response.completed",
@@ -134,6 +138,7 @@ def test_the_node_sdks_call_every_protocol_and_each_call_is_recorded(gateway, db
         stored_protocol, stored_stream, trajectory_id = recorded(db, response_id)
         assert (stored_protocol, stored_stream) == (protocol, stream), response_id
         assert trajectory_id
+    assert recorded(db, out["chained"]["id"])[2] == recorded(db, out["responses"]["id"])[2]
     assert wait_for(
         lambda: count_rows(db, "SELECT count(*) FROM calls WHERE trajectory_id = %s", out["trajectoryHeader"]) == 1,
         timeout=15,

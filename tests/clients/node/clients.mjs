@@ -37,6 +37,12 @@ out.trajectoryHeader = withRaw.response.headers.get("x-trajectory-id");
 
 const response = await openai.responses.create({ model: openaiModel, input: "Hello through the Responses API." });
 out.responses = { id: response.id, text: response.output_text, status: response.status };
+const chained = await openai.responses.create({
+  model: openaiModel,
+  input: "And after that?",
+  previous_response_id: response.id,
+});
+out.chained = { id: chained.id, previous: chained.previous_response_id, text: chained.output_text };
 
 const responseEvents = [];
 const responseStream = await openai.responses.create({ model: openaiModel, input: "Stream it.", stream: true });
