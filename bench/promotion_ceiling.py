@@ -29,7 +29,7 @@ that holds for every test, sequential or not, that keeps a false promotion below
 
 - The design-based ceiling is what the production rule's own kind of test could do if it knew
   the truth. The rule's null is "no gain on average" for rewards of any bounded distribution, and
-  the only per-unit payoffs valid for every such null are linear in the unit's mean reward y:
+  its bets are payoffs linear in the unit's mean reward y, valid for every such null:
   g(y) = a + c y in the canary's arm and (1 - p g(y)) / (1 - p) in the incumbent's, with a >= 0,
   c >= 0 and a + c <= 1 / p (so neither is ever negative); the rule's bet 1 + lambda w (y - b)
   is this family with a = 1 - lambda b / p, c = lambda / p. Each unit here gets the (a, c) that
