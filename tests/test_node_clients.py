@@ -43,27 +43,9 @@ def run_node_clients(gateway_url: str, openai_model: str, anthropic_model: str) 
 
 @pytest.fixture
 def gateway(start_gateway, fake_upstream):
-    model_list = [
-        {
-            "model_name": "fake-model",
-            "litellm_params": {"model": "openai/fake-model", "api_base": fake_upstream.api_base, "api_key": "sk-x"},
-        },
-        {
-            "model_name": "claude-fake",
-            "litellm_params": {
-                "model": "anthropic/claude-fake-1",
-                "api_base": fake_upstream.api_base,
-                "api_key": "sk-ant-upstream",
-            },
-        },
-    ]
-    policy = {
-        "name": "agent",
-        "base_model": "fake-model",
-        "endpoints": [fake_upstream.api_base],
-        "record_tokens": False,
-    }
-    return start_gateway(model_list=model_list, policies=[policy])
+    """A gateway with one policy, `agent`, served by the fake upstream (its calls are recorded as trajectories)."""
+    policy = {"name": "agent", "base_model": "fake-model", "endpoints": [fake_upstream.api_base]}
+    return start_gateway(policies=[policy])
 
 
 def recorded(db, response_id: str) -> tuple[str, bool, str | None]:
@@ -91,7 +73,7 @@ def test_the_node_sdks_call_every_protocol_and_each_call_is_recorded(gateway, db
     # The gateway's own header reaches a Node user through the SDK's raw response.
     assert len(out["trajectoryHeader"]) == 36 and out["trajectoryHeader"].count("-") == 4
 
-    # The Responses API, whole and streamed (the policy's endpoint speaks only chat: translated).
+    # The Responses API, whole and streamed.
     assert out["responses"]["status"] == "completed"
     assert out["responses"]["text"].startswith("Hello through the Responses API.")
     # A turn chained by previous_response_id continues the conversation the gateway stored.
