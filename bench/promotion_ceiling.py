@@ -60,12 +60,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.canary_simulation import ALPHA, SHAPES, Shape
-from bench.promotion_lag import CURVES, VERSION_EVERY, Curve, replicate
+from bench.promotion_lag import CURVES, Curve, replicate, units_a_version
 from bench.report import machine_line, markdown_table, write_section
 
 SECTION_TITLE = "Promotion ceiling: how often any valid test could promote a learning lineage"
 ALPHA_BETTER = ALPHA / 2  # evaluation.decision_alphas: the budget of "the lineage is better"
-Z_ONE_SIDED = 1.6448536269514722  # the standard normal's 0.95 quantile, for ALPHA_BETTER = 0.05
+Z_ONE_SIDED = statistics.NormalDist().inv_cdf(1.0 - ALPHA_BETTER)  # the single-look test's normal quantile
 EDGE = 1e-3  # success probabilities are kept in [EDGE, 1 - EDGE] so that every log is finite
 BET_GRID = 161  # points per axis of the design-based bets' (a, c) grid
 
@@ -100,12 +100,12 @@ def head_skill(curve: Curve, shape: Shape) -> np.ndarray:
     """The lineage head's skill at each unit, as promotion_lag.replicate moves it (no promotion),
     and NaN before the first trained version (no canary serves yet)."""
     units = curve.runs // shape.group
-    units_a_version = max(1, VERSION_EVERY // shape.group)
+    every = units_a_version(shape)
     skill = np.full(units, np.nan)
     head = 0.0
-    for index in range(units_a_version, units):
-        if index % units_a_version == 0 and index * shape.group >= curve.flat_runs:
-            head = min(curve.top, head + curve.step)
+    for index in range(every, units):
+        if index % every == 0:
+            head = curve.trained(head, index * shape.group)
         skill[index] = head
     return skill
 

@@ -52,6 +52,15 @@ class Curve:
     runs: int
     flat_runs: int = 0
 
+    def trained(self, head: float, runs_so_far: int) -> float:
+        """The skill of the version trained next from a head of skill `head`, after `runs_so_far` runs."""
+        return min(self.top, head + self.step) if runs_so_far >= self.flat_runs else head
+
+
+def units_a_version(shape: Shape) -> int:
+    """Units of `shape` between two training runs (a version every VERSION_EVERY runs)."""
+    return max(1, VERSION_EVERY // shape.group)
+
 
 CURVES = [
     Curve("format task: 1-10% base, +3 pts a version (to +80 pts)", (0.01, 0.10), 0.03, 0.80, 800),
@@ -88,12 +97,11 @@ def replicate(shape: Shape, curve: Curve, rng: random.Random) -> Outcome:
     outcome = Outcome(0.0, 0.0, 0, 0, [])
     better_since: int | None = None
     next_tick = TICK_S
-    units_a_version = max(1, VERSION_EVERY // shape.group)
+    every = units_a_version(shape)
     for index in range(curve.runs // shape.group):
         now = index * shape.group / RATE
-        if index and index % units_a_version == 0:  # a training run lands: the canary moves to it
-            if index * shape.group >= curve.flat_runs:
-                head = min(curve.top, head + curve.step)
+        if index and index % every == 0:  # a training run lands: the canary moves to it
+            head = curve.trained(head, index * shape.group)
             looks.next_version()
             if better_since is None and head > incumbent:
                 better_since = index
