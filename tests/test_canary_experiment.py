@@ -171,6 +171,55 @@ def test_each_arm_gets_its_share_of_runs_of_every_prompt(start_gateway, db):
     assert {by_id[t][4] for _, t, _, _ in grouped[groups[0]]} == {f"group:{groups[0]}"}
 
 
+def test_a_group_keeps_its_arm_and_version_when_the_canary_moves_along_its_lineage(start_gateway, db):
+    """A client's group whose runs straddle the canary's move to the lineage's next version (what a
+    live loop does every few seconds) stays one unit: one arm, and on this process one version.
+    Drawn with the canary's own version, each of the 40 groups would have drawn afresh for its
+    later runs (all 40 keeping their arm: 0.5 ** 40)."""
+    with FakePolicyEndpoint("base", PROMPTS, {}) as endpoint:
+        v1 = add_version(db, "agent", 1, "promoted")
+        v2 = add_version(db, "agent", 2, "canary", share=0.5)
+        endpoint.loaded.update({"agent-v1", "agent-v2", "agent-v3"})
+        gateway = start_gateway(policies=[policy_config(endpoint)], adapter_poll_interval_s=0.2)
+        groups = [f"straddling-{g}" for g in range(40)]
+        first = {g: asyncio.run(send_runs(gateway.base_url, ["medium"] * 2, group=g)) for g in groups}
+        # The learner's next version becomes the canary; the old one goes back to candidate.
+        db.execute("UPDATE adapter_versions SET status = 'candidate', canary_share = NULL WHERE id = %s", (v2,))
+        v3 = add_version(db, "agent", 3, "canary", share=0.5)
+        wait_for(
+            lambda: any(
+                served == "agent-v3" for *_, served, _ in asyncio.run(send_runs(gateway.base_url, ["easy"] * 8))
+            ),
+            timeout=30,
+            message="the gateway serves the new canary",
+        )
+        later = {g: asyncio.run(send_runs(gateway.base_url, ["medium"] * 2, group=g)) for g in groups}
+        fresh = asyncio.run(send_runs(gateway.base_url, ["medium"] * 4, group="after-the-move"))
+    served_by_group = {g: {served for *_, served, _ in first[g] + later[g]} for g in groups}
+    assert all(len(served) == 1 for served in served_by_group.values()), served_by_group
+    assert {s for served in served_by_group.values() for s in served} == {"agent-v1", "agent-v2"}
+    assert {served for *_, served, _ in fresh} <= {"agent-v1", "agent-v3"} and len({s for *_, s, _ in fresh}) == 1
+    ids = [t for g in groups for _, t, _, _ in first[g] + later[g]]
+    rows = wait_for(
+        lambda: (
+            (
+                r := db.execute(
+                    "SELECT id::text, arm, arm_version_id, arm_unit FROM trajectories WHERE id::text = ANY(%s)", (ids,)
+                ).fetchall()
+            )
+            and len(r) == len(ids)
+            and r
+        ),
+        timeout=60,
+        message="every run stored",
+    )
+    by_id = {row[0]: row for row in rows}
+    for g in groups:
+        recorded = {(by_id[t][1], by_id[t][2], by_id[t][3]) for _, t, _, _ in first[g] + later[g]}
+        assert recorded in ({("canary", v2, f"group:{g}")}, {("incumbent", v1, f"group:{g}")}), (g, recorded)
+    assert v3 is not None
+
+
 def tick(database_url: str, policy: dict[str, Any]) -> TickReport:
     settings = Settings(database_url=database_url, policies=[policy])
 

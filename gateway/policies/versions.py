@@ -12,10 +12,22 @@ probability equal to the canary share, independently of its prompt, so that both
 same mix of tasks (apprentice/promotion/sequential.py compares them). The unit is the client's
 group when it names one (a GRPO group stays on one version), else the run's trajectory id (the
 client's, derived from its name by a keyed hash, or the gateway's, random). The draw is a hash
-of the unit and the canary's version id: every process and replica that knows the unit draws
-the same arm with no shared state, and each new canary version draws afresh. A unit is never
-derived from the prompt: hashing the messages put every run of one prompt in one arm, and with
-a few repeating prompts the arms compared prompts, not versions.
+of the unit and the experiment, the id of the live lineage's first version
+(apprentice.promotion.lineage): every process and replica that knows the unit draws the same
+arm with no shared state, every version of one lineage keeps the unit in that arm, and each
+new lineage (after a promotion or a rejection) draws afresh. A unit is never derived from the
+prompt: hashing the messages put every run of one prompt in one arm, and with a few repeating
+prompts the arms compared prompts, not versions.
+
+Why the experiment and not the canary's version: the canary follows its lineage to each new
+version, seconds apart on a live loop, and a client's group of runs spans seconds too. Drawn
+with the canary's version, a group whose runs straddled a move drew afresh half-way: on a live
+loop with runs of two calls in named groups of 8, 17 of 43 groups had runs in both arms (9 of
+86 with single calls), so the group was no longer one unit, its GRPO comparison mixed
+versions, and the lineage's comparison read the other arm's rewards into a unit. A group also
+keeps the version its first run got, on the process that served it, while that version serves
+or is kept for `sticky_grace_s` (`_groups`); on another process a later run of the group gets
+the same arm, served by the canary as it is there.
 
 The run records the arm drawn at its first call, the version it pointed to and the share
 (`Choice`, stored on its trajectory), and the analysis is by that assigned arm: a later call of
@@ -42,13 +54,14 @@ import hashlib
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from apprentice.promotion.lineage import LINEAGE_STATUSES, lineage_head
+from apprentice.promotion.lineage import LINEAGE_STATUSES, lineage_head, lineage_versions
 from apprentice.promotion.rows import AdapterVersion
 from apprentice.promotion.status import SERVING, VersionStatus
 from apprentice.settings import PolicySettings
@@ -64,6 +77,10 @@ POLLED_STATUSES = tuple(sorted(status.value for status in SERVING | LINEAGE_STAT
 # A run stays on a version that stopped serving for this share of the policy's unload grace:
 # the rest is margin for gateways that learn of the change late and calls still in flight.
 STICKY_SHARE_OF_UNLOAD_GRACE = 0.5
+
+# The named groups whose draw this process remembers (the newest; a group's runs arrive within
+# seconds or minutes of each other): about 200 bytes each.
+REMEMBERED_GROUPS = 16384
 
 
 def sticky_graces(policies: Iterable[PolicySettings]) -> dict[str, float]:
@@ -102,6 +119,9 @@ class PolicyServing:
     promoted: ServingVersion | None = None
     canary: ServingVersion | None = None
     canary_share: float = 0.0
+    # The canary's experiment: its lineage's first version (the canary's own id when the canary
+    # is not in the live lineage, e.g. an older version made canary by hand).
+    experiment: uuid.UUID | None = None
 
     def is_serving(self, version_id: uuid.UUID | None) -> bool:
         if version_id is None:
@@ -139,6 +159,16 @@ class Choice:
 CANARY_ARM, INCUMBENT_ARM = "canary", "incumbent"
 
 
+@dataclass(frozen=True, slots=True)
+class GroupDraw:
+    """What a named group drew with its first run on this process: later runs keep it."""
+
+    experiment: uuid.UUID
+    version: ServingVersion | None
+    arm: str
+    share: float
+
+
 def bucket(key: bytes) -> float:
     """A uniform number in [0, 1): the same key lands in the same arm everywhere.
 
@@ -158,6 +188,7 @@ class PolicyVersions:
         self._serving: dict[str, PolicyServing] = {}
         self._stopped: dict[uuid.UUID, StoppedVersion] = {}
         self._heads: dict[str, ServingVersion | None] = {}
+        self._groups: OrderedDict[bytes, GroupDraw] = OrderedDict()  # policy + unit -> its draw, newest last
         self.loaded = asyncio.Event()
         self.worker = PeriodicWorker("adapter-version-poll", self.refresh, interval_s=poll_interval_s)
 
@@ -193,6 +224,11 @@ class PolicyVersions:
                 else:
                     entry["canary"] = version
                     entry["canary_share"] = float(polled.canary_share or 0.0)
+        for policy, entry in serving.items():
+            canary = entry.get("canary")
+            if isinstance(canary, ServingVersion):
+                lineage = [v.id for v in lineage_versions(by_policy.get(policy, []))]
+                entry["experiment"] = lineage[0] if canary.id in lineage else canary.id
         fresh = {policy: PolicyServing(**entry) for policy, entry in serving.items()}  # type: ignore[arg-type]
         self._remember_stopped(self._serving, fresh, time.monotonic())
         self._serving = fresh
@@ -225,9 +261,12 @@ class PolicyVersions:
     def serving(self, policy: str) -> PolicyServing:
         return self._serving.get(policy) or PolicyServing()
 
-    def choose(self, policy: str, unit: bytes, sticky_version: uuid.UUID | None, sticky_known: bool) -> Choice:
+    def choose(
+        self, policy: str, unit: bytes, sticky_version: uuid.UUID | None, sticky_known: bool, *, group: bool = False
+    ) -> Choice:
         """The version for a call (None: the base model), and the arm drawn for `unit` when a
-        canary serves and the call does not continue a run that keeps its version."""
+        canary serves and the call does not continue a run that keeps its version. `group`: the
+        unit is a client's named group, whose later runs keep its first run's draw."""
         serving = self.serving(policy)
         if sticky_known and serving.is_serving(sticky_version):
             return Choice(serving.by_id(sticky_version))
@@ -235,10 +274,27 @@ class PolicyVersions:
             return Choice(kept)
         if serving.canary is None:
             return Choice(serving.promoted)
+        experiment = serving.experiment or serving.canary.id
+        remembered = policy.encode() + b"\x00" + unit
+        if group and (drawn := self._groups.get(remembered)) is not None and drawn.experiment == experiment:
+            if serving.is_serving(drawn.version.id if drawn.version else None):
+                return Choice(drawn.version, drawn.arm, drawn.share)
+            if drawn.version is not None and (kept := self._still_kept(policy, drawn.version.id)):
+                return Choice(kept, drawn.arm, drawn.share)
         share = serving.canary_share
-        if bucket(serving.canary.id.bytes + unit) < share:
-            return Choice(serving.canary, CANARY_ARM, share)
-        return Choice(serving.promoted, INCUMBENT_ARM, share)
+        if bucket(experiment.bytes + unit) < share:
+            choice = Choice(serving.canary, CANARY_ARM, share)
+        else:
+            choice = Choice(serving.promoted, INCUMBENT_ARM, share)
+        if group:
+            self._remember_group(remembered, GroupDraw(experiment, choice.version, choice.arm or INCUMBENT_ARM, share))
+        return choice
+
+    def _remember_group(self, key: bytes, draw: GroupDraw) -> None:
+        self._groups[key] = draw
+        self._groups.move_to_end(key)
+        while len(self._groups) > REMEMBERED_GROUPS:
+            self._groups.popitem(last=False)
 
     def _still_kept(self, policy: str, version_id: uuid.UUID) -> ServingVersion | None:
         """A version that stopped serving less than the policy's grace ago (a run keeps it)."""

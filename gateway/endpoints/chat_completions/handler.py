@@ -333,6 +333,7 @@ class ChatCompletionsEndpoint:
                 unit,
                 continued.adapter_version_id if continued else None,
                 sticky_known=continued is not None,
+                group=bool(request.group_id),
             )
             if choice.version is None and plan.policy.teacher is not None:
                 # No version of the policy is promoted (it is behind its teacher): the teacher answers.
