@@ -275,7 +275,7 @@ class PolicyVersions:
         if serving.canary is None:
             return Choice(serving.promoted)
         experiment = serving.experiment or serving.canary.id
-        remembered = policy.encode() + b"\x00" + unit
+        remembered = policy.encode() + b"\x00" + unit if group else b""
         if group and (drawn := self._groups.get(remembered)) is not None and drawn.experiment == experiment:
             if serving.is_serving(drawn.version.id if drawn.version else None):
                 return Choice(drawn.version, drawn.arm, drawn.share)
