@@ -268,27 +268,33 @@ class PolicyVersions:
         canary serves and the call does not continue a run that keeps its version. `group`: the
         unit is a client's named group, whose later runs keep its first run's draw."""
         serving = self.serving(policy)
-        if sticky_known and serving.is_serving(sticky_version):
-            return Choice(serving.by_id(sticky_version))
-        if sticky_known and sticky_version is not None and (kept := self._still_kept(policy, sticky_version)):
-            return Choice(kept)
+        if sticky_known and (kept := self._kept(policy, serving, sticky_version)) is not None:
+            return Choice(kept[0])
         if serving.canary is None:
             return Choice(serving.promoted)
         experiment = serving.experiment or serving.canary.id
         remembered = policy.encode() + b"\x00" + unit if group else b""
         if group and (drawn := self._groups.get(remembered)) is not None and drawn.experiment == experiment:
-            if serving.is_serving(drawn.version.id if drawn.version else None):
-                return Choice(drawn.version, drawn.arm, drawn.share)
-            if drawn.version is not None and (kept := self._still_kept(policy, drawn.version.id)):
-                return Choice(kept, drawn.arm, drawn.share)
+            if (kept := self._kept(policy, serving, drawn.version.id if drawn.version else None)) is not None:
+                return Choice(kept[0], drawn.arm, drawn.share)
         share = serving.canary_share
-        if bucket(experiment.bytes + unit) < share:
-            choice = Choice(serving.canary, CANARY_ARM, share)
-        else:
-            choice = Choice(serving.promoted, INCUMBENT_ARM, share)
+        arm = CANARY_ARM if bucket(experiment.bytes + unit) < share else INCUMBENT_ARM
+        version = serving.canary if arm == CANARY_ARM else serving.promoted
         if group:
-            self._remember_group(remembered, GroupDraw(experiment, choice.version, choice.arm or INCUMBENT_ARM, share))
-        return choice
+            self._remember_group(remembered, GroupDraw(experiment, version, arm, share))
+        return Choice(version, arm, share)
+
+    def _kept(
+        self, policy: str, serving: PolicyServing, version_id: uuid.UUID | None
+    ) -> tuple[ServingVersion | None] | None:
+        """The version a continuing run or group stays on, in a 1-tuple (its version may be None,
+        the base model), or None when it can no longer: it neither serves nor stopped less than
+        the policy's grace ago."""
+        if serving.is_serving(version_id):
+            return (serving.by_id(version_id),)
+        if version_id is not None and (kept := self._still_kept(policy, version_id)):
+            return (kept,)
+        return None
 
     def _remember_group(self, key: bytes, draw: GroupDraw) -> None:
         self._groups[key] = draw
