@@ -62,23 +62,3 @@ def error_responses(*statuses: int, **descriptions: str) -> dict[int | str, dict
         status: {"description": descriptions.get(f"s{status}", ERROR_DESCRIPTIONS[status])} for status in statuses
     }
     return answers
-
-
-# A time in a query (`since`, `until`): what pydantic's datetime takes, as a pattern a fuzzer can
-# generate from. RFC 3339 (a date alone, `T` or a space, seconds and offset optional) or unix
-# seconds; days stop at 28 so that every date the pattern allows exists.
-TIMESTAMP_PATTERN = (
-    r"^((19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
-    r"([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?)?"
-    r"|-?[0-9]{1,10}(\.[0-9]{1,6})?)$"
-)
-
-
-def timestamp_schema(schema: dict[str, Any]) -> None:
-    """`json_schema_extra` of a datetime query parameter: a string of `TIMESTAMP_PATTERN`, not
-    pydantic's `date-time` format (which leaves out the unix seconds the route also takes)."""
-    description = schema.get("description")
-    schema.clear()
-    schema.update({"type": "string", "pattern": TIMESTAMP_PATTERN})
-    if description:
-        schema["description"] = description

@@ -23,6 +23,7 @@ from apprentice.promotion.rows import AdapterVersion, TrainingRun, Transition
 from apprentice.promotion.serving import ActionResult
 from apprentice.promotion.status import VersionStatus
 from apprentice.settings import NotBoolean
+from gateway.http.timestamps import Timestamp
 from gateway.judging.agreement import AgreementReport, Bucket, Figures, Interval
 
 
@@ -485,8 +486,11 @@ class EvalItemIn(_StoredDocument):
 class TrajectoryQueryIn(_StoredDocument):
     model_config = ConfigDict(extra="forbid")
 
-    since: datetime | None = Field(default=None, description="Trajectories whose last call is at or after this.")
-    until: datetime | None = Field(default=None, description="... and before this.")
+    since: Timestamp | None = Field(
+        default=None,
+        description="Trajectories whose last call is at or after this (RFC 3339, UTC when no offset, or unix seconds).",
+    )
+    until: Timestamp | None = Field(default=None, description="... and before this.")
     reward_name: str | None = Field(default=None, description="Filter on this current reward (default: the policy's).")
     min_reward: Annotated[float | None, NotBoolean] = None
     max_reward: Annotated[float | None, NotBoolean] = None

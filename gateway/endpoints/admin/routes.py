@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
 from typing import Literal, TypeVar
 
 from fastapi import APIRouter, Query, Request
@@ -33,8 +32,9 @@ from gateway.endpoints.admin.protocol import (
     VersionDetailOut,
     VersionListOut,
 )
-from gateway.http.documented import ADMIN, error_responses, timestamp_schema
+from gateway.http.documented import ADMIN, error_responses
 from gateway.http.errors import GatewayError
+from gateway.http.timestamps import QueryTimestamp, timestamp_schema
 from gateway.judging.agreement import Bucket
 from gateway.judging.agreement_store import judge_reward_name, policy_agreement
 from gateway.state import GatewayState
@@ -234,7 +234,7 @@ async def judge_agreement(
     request: Request,
     policy: str,
     bucket: Bucket = Query("day", description="Split the figures per `hour` or `day` (UTC) of judging."),
-    since: datetime | None = Query(
+    since: QueryTimestamp | None = Query(
         None,
         description="Only groups judged at or after this time (RFC 3339, UTC when no offset, or unix seconds).",
         json_schema_extra=timestamp_schema,
@@ -245,8 +245,6 @@ async def judge_agreement(
     settings = state.settings.policy(policy)
     if settings is None:
         raise GatewayError(404, f"policy {policy!r} is not configured", param="policy", code="policy_not_found")
-    if since is not None and since.tzinfo is None:
-        since = since.replace(tzinfo=timezone.utc)
     report = await policy_agreement(state.engine, settings, bucket=bucket, since=since, rubric_hash=rubric_hash)
     judge_name = judge_reward_name(settings)
     return JudgeAgreementOut.of(

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from gateway.http.timestamps import Timestamp
 from gateway.rewards.rules import DEFAULT_REWARD_NAME
 from gateway.store.rewards import StoredReward, UnlinkedReward, UnlinkedRewards
 
@@ -32,14 +33,6 @@ def _finite_number(value: Any) -> float:
 
 
 FiniteFloat = Annotated[float, BeforeValidator(_finite_number)]
-
-
-def _strict_timestamp(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError("must be unix seconds or an RFC 3339 date-time")
-    if isinstance(value, (int, float)):
-        return _finite_number(value)
-    return value
 
 
 class RewardIn(BaseModel):
@@ -109,11 +102,11 @@ class RewardIn(BaseModel):
             "sets it too; given both, a single reward's must be equal (else 400)."
         ),
     )
-    timestamp: Annotated[datetime | None, BeforeValidator(_strict_timestamp)] = Field(
+    timestamp: Timestamp | None = Field(
         None,
         description=(
-            "When the outcome was observed (unix seconds or RFC 3339). Decides which reward is the latest when "
-            "they arrive out of order; defaults to the time the gateway received it."
+            "When the outcome was observed (unix seconds, or RFC 3339: UTC when no offset). Decides which reward is "
+            "the latest when they arrive out of order; defaults to the time the gateway received it."
         ),
     )
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 
 from fastapi import APIRouter, Query, Request, Response
 
@@ -15,9 +14,10 @@ from gateway.endpoints.trajectories.protocol import (
     trajectory_list_out,
     trajectory_out,
 )
-from gateway.http.documented import ADMIN, CLIENT, error_responses, timestamp_schema
+from gateway.http.documented import ADMIN, CLIENT, error_responses
 from gateway.http.errors import GatewayError
 from gateway.http.responses import model_response
+from gateway.http.timestamps import QueryTimestamp, timestamp_schema
 from gateway.state import GatewayState
 from gateway.store.deletion import delete_trajectory
 from gateway.store.trajectories import get_trajectory, list_trajectories
@@ -112,11 +112,15 @@ async def list_all(
     policy: str | None = Query(None),
     model: str | None = Query(None),
     tenant: str | None = Query(None),
-    since: datetime | None = Query(
-        None, description="Last call at or after (RFC 3339 or unix seconds).", json_schema_extra=timestamp_schema
+    since: QueryTimestamp | None = Query(
+        None,
+        description="Last call at or after (RFC 3339, UTC when no offset, or unix seconds).",
+        json_schema_extra=timestamp_schema,
     ),
-    until: datetime | None = Query(
-        None, description="Last call before (RFC 3339 or unix seconds).", json_schema_extra=timestamp_schema
+    until: QueryTimestamp | None = Query(
+        None,
+        description="Last call before (RFC 3339, UTC when no offset, or unix seconds).",
+        json_schema_extra=timestamp_schema,
     ),
     rewarded: bool | None = Query(
         None, description="Only trajectories with (true) or without (false) a current reward named `reward_name`."
