@@ -80,6 +80,9 @@ def test_nothing_outside_the_document_is_accepted(value):
     [
         (0, datetime(1970, 1, 1, tzinfo=timezone.utc)),
         ("1.5", datetime(1970, 1, 1, 0, 0, 1, 500000, tzinfo=timezone.utc)),
+        # as str(time.time()) writes it: seven fraction digits, read to the microsecond
+        ("1796000000.1234567", datetime(2026, 11, 30, 0, 53, 20, 123457, tzinfo=timezone.utc)),
+        ("2026-11-01T10:00:00.1234567Z", datetime(2026, 11, 1, 10, 0, 0, 123456, tzinfo=timezone.utc)),
         ("2026-01-31", datetime(2026, 1, 31, tzinfo=timezone.utc)),
         ("2026-11-01 10:00", datetime(2026, 11, 1, 10, tzinfo=timezone.utc)),
         ("2026-11-01T10:00:00+02:00", datetime(2026, 11, 1, 8, tzinfo=timezone.utc)),

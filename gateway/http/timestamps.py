@@ -3,14 +3,14 @@
 One rule for every timestamp a client sends, in a query (`since`, `until`) or a body (a
 reward's `timestamp`, an evaluation set's trajectory query): `parse_timestamp`. Why not
 pydantic's `datetime`: it takes more than the OpenAPI document can say (a number over 2e10 it
-reads as milliseconds, `+0530` offsets, any number of fraction digits, a bare JSON number where
+reads as milliseconds, `+0530` offsets, a bare JSON number where
 the document said `format: date-time`), so a fuzzer sending what the document forbids found it
 accepted (tests/test_schemathesis.py, ST201), and a client could not know which of two readings
 of a number it got. Here what is accepted is what is documented:
 
-- a string of `ACCEPTED` (a date, optionally `T` or a space and a time, seconds, up to six
-  fraction digits and a `Z` or `+HH:MM` offset; or unix seconds written out), naming an instant
-  that exists;
+- a string of `ACCEPTED` (a date, optionally `T` or a space and a time, seconds, any number of
+  fraction digits read to the microsecond, and a `Z` or `+HH:MM` offset; or unix seconds written
+  out, as `str(time.time())` writes them), naming an instant that exists;
 - in a JSON body, also a number of unix seconds (not a boolean);
 - between `EARLIEST` and `LATEST`, so that the instant and any offset of it fit a `datetime`
   and PostgreSQL's `timestamptz` read back.
@@ -30,8 +30,8 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, WithJsonSchema
 
-_TIME = r"([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?)?"
-_UNIX = r"-?[0-9]{1,10}(\.[0-9]{1,6})?"
+_TIME = r"([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]+)?)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?)?"
+_UNIX = r"-?[0-9]{1,10}(\.[0-9]+)?"
 
 TIMESTAMP_PATTERN = rf"^((19|20)[0-9]{{2}}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8]){_TIME}|{_UNIX})$"
 ACCEPTED = re.compile(rf"([0-9]{{4}}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01]){_TIME}|{_UNIX})")
