@@ -95,7 +95,7 @@ def test_what_a_value_means(value, expected):
 
 
 @pytest.mark.parametrize(
-    "value", [True, "now", "2026-02-30", "2026-11-01T10:00:00+0200", "1e3", math.inf, 1e300, "12345678901"]
+    "value", [True, "now", "2026-02-30", "2026-11-01T10:00:00+0200", "1e3", math.inf, 1e300, 10**400, "12345678901"]
 )
 def test_refused(value):
     assert not _accepted(value)
@@ -123,7 +123,7 @@ def test_timestamps_through_a_gateway(start_gateway):
         assert client.get(f"{gateway.url}/v1/trajectories", params={"since": "1700000000"}).status_code == 200
 
         reward = {"client_trajectory_id": "run-1", "reward": 1.0}
-        for stamp in [True, "2026-11-01T10:00:00+0200", 1e300]:
+        for stamp in [True, "2026-11-01T10:00:00+0200", 1e300, 10**400]:
             refused = client.post(f"{gateway.url}/v1/rewards", json={**reward, "timestamp": stamp})
             assert refused.status_code == 400 and refused.json()["error"]["param"] == "timestamp", refused.text
         naive = client.post(f"{gateway.url}/v1/rewards", json={**reward, "timestamp": "2026-11-01T10:00:00"})

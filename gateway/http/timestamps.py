@@ -23,7 +23,6 @@ writes a valid date by chance.
 
 from __future__ import annotations
 
-import math
 import re
 from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any
@@ -64,11 +63,13 @@ def parse_timestamp(value: Any) -> datetime:
         if not EARLIEST <= stamp <= LATEST:
             raise ValueError(f"must be between {EARLIEST.isoformat()} and {LATEST.isoformat()}")
         return stamp
-    return _from_unix(float(value))
+    return _from_unix(value)
 
 
-def _from_unix(seconds: float) -> datetime:
-    if not math.isfinite(seconds) or not EARLIEST_UNIX <= seconds <= LATEST_UNIX:
+def _from_unix(seconds: int | float) -> datetime:
+    """Bounds are compared before any conversion (a JSON integer of 400 digits overflows a float);
+    NaN compares false and infinities fall outside, so the comparison refuses them too."""
+    if not EARLIEST_UNIX <= seconds <= LATEST_UNIX:
         raise ValueError(f"unix seconds must be between {EARLIEST_UNIX} and {LATEST_UNIX}")
     return _EPOCH + timedelta(seconds=seconds)
 
