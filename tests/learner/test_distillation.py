@@ -246,7 +246,7 @@ def test_distil_from_the_teacher_take_over_by_canary_then_continue_by_rl(
     ).fetchone()
     takeover = version[1]["takeover"]
     mark("canary")
-    assert version[0] == "promoted", (tick.entries, takeover)
+    assert version[0] == "promoted", (tick.actions, tick.errors, takeover)
     assert takeover["decision"] == "promote" and "takes over from the teacher" in takeover["reason"]
     assert takeover["cost"]["saving_per_call"] > 0 and takeover["latency"]["policy_median_ms"] > 0
     reason = db.execute(
