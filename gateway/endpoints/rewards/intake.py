@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -170,10 +170,8 @@ def _target(reward: RewardIn, index: int, intake: Intake) -> tuple[str, str, uui
 
 
 def _unix_seconds(stamp: datetime | None) -> float | None:
-    """A timestamp without a zone is taken as UTC."""
-    if stamp is None:
-        return None
-    return (stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=timezone.utc)).timestamp()
+    """`stamp` is aware: gateway/http/timestamps.py reads a time without an offset as UTC."""
+    return None if stamp is None else stamp.timestamp()
 
 
 def _validation_error(error: ValidationError, batch: bool) -> GatewayError:
