@@ -10,7 +10,6 @@ fail, and every call a client saw must be recorded with the version that served 
 from __future__ import annotations
 
 import random
-import time
 from datetime import timedelta
 
 import httpx
@@ -24,6 +23,7 @@ from tests.support.promotion import (
     canary_round,
     policy_config,
     routes_to,
+    serves_canary,
     start_gateways,
     status_of,
     tick,
@@ -56,7 +56,7 @@ def test_full_cycle(start_gateway, local_server, tiny, db, database_url, tmp_pat
         report = tick(database_url, policy)
         assert ("agent-v2", "canary") in {(a["version"], a["action"]) for a in report.actions}
         assert "agent-v2" in local_server.models()
-        time.sleep(0.6)  # every gateway polls the serving versions every 0.2 s
+        serves_canary(gateways, "agent", "agent-v2")
         runs = canary_round(db, gateways, "agent", ("agent-v2", "agent-v1"), 0.9, 0.2, rng)
         share = sum(r.served[0] == "agent-v2" for r in runs) / len(runs)
         assert 0.2 <= share <= 0.8, f"canary share {share:.2f} of {len(runs)} runs, configured 0.5"
@@ -78,7 +78,7 @@ def test_full_cycle(start_gateway, local_server, tiny, db, database_url, tmp_pat
         v3 = add_candidate(db, "agent", 3, tiny.adapters[3])
         tick(database_url, policy)
         assert status_of(db, v3) == "canary"
-        time.sleep(0.6)
+        serves_canary(gateways, "agent", "agent-v3")
         canary_round(db, gateways, "agent", ("agent-v3", "agent-v1"), 0.1, 0.7, rng)
         # meanwhile a run that diverged (NaN loss) produced v4: it never serves.
         v4 = add_candidate(db, "agent", 4, tiny.adapters[2], loss=float("nan"))
@@ -148,7 +148,7 @@ def test_reviewed_policy_waits_for_the_admin(start_gateway, local_server, tiny, 
     v2 = add_candidate(db, "reviewer", 2, tiny.adapters[3])
     tick(database_url, policy)
     assert status_of(db, v2) == "canary"
-    time.sleep(0.6)
+    serves_canary([gateway], "reviewer", "reviewer-v2")
     canary_round(db, [gateway], "reviewer", ("reviewer-v2", "reviewer-v1"), 0.8, 0.3, rng)
 
     report = tick(database_url, policy)

@@ -84,12 +84,18 @@ def policy_config(name: str, server: LocalServerProcess, **promotion: Any) -> di
 
 
 def start_gateways(start_gateway, tmp_path: Path, policy: dict[str, Any], count: int) -> list[Any]:
+    """`count` gateway processes on one database. run_task alternates a run's calls between them,
+    so each second call finds its parent in the store (gateway/trajectories/parents.py). The
+    margin is generous: in CI this runs beside training on two cores, where shipping a record
+    took longer than the default 0.3 s (one run of about 80 drew afresh and the test failed).
+    A miss is documented behaviour; bench/canary_stickiness.py measures it at the default."""
     return [
         start_gateway(
             data_dir=tmp_path / f"gateway-{i}",
             policies=[policy],
             adapter_poll_interval_s=0.2,
             auth={"mode": "keys", "admin_key": ADMIN_KEY},
+            stitching={"parent_wait_margin_s": 5.0},
         )
         for i in range(count)
     ]
@@ -277,6 +283,19 @@ def canary_round(
     post_rewards(gateways[0], rewards)
     wait_for(lambda: linked(db, [r.trajectory_id for r in runs]) == len(runs), timeout=30, message="rewards linked")
     return runs
+
+
+def serves_canary(gateways: list[Any], policy: str, name: str) -> None:
+    """Within a few seconds, every gateway has served a new run on the canary `name`: each knows
+    it, so a run started on it at one process is not continued by another that does not yet
+    (which would serve the run's next call on the promoted version). A fixed sleep of three
+    poll intervals was not always enough on a loaded CI machine."""
+
+    def on_canary(gateway: Any) -> bool:
+        return run_task([gateway], policy, f"canary probe {uuid.uuid4().hex[:6]}", turns=1).served == [name]
+
+    for gateway in gateways:
+        wait_for(lambda g=gateway: on_canary(g), timeout=15, interval=0.1, message=f"{gateway.base_url} serves {name}")
 
 
 def routes_to(gateways: list[Any], policy: str, name: str) -> None:
