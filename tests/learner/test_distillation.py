@@ -129,6 +129,14 @@ def deliver(gateway: Any, db: Any, results: list[dict[str, Any]]) -> None:
     wait_for(lambda: linked_rewards(db, ids) == len(ids), timeout=60, message="rewards linked")
 
 
+def probe(client: Any) -> str:
+    """The model that serves a new run of the policy now (an unrewarded one-token call)."""
+    completion = client.chat.completions.create(
+        model=POLICY, messages=[{"role": "user", "content": "Describe a probe."}], max_tokens=1
+    )
+    return completion.model
+
+
 def held_out(client: Any, model: str) -> float:
     """Success by the hidden rule on prompts no phase sent, at temperature 1 with fixed seeds.
 
@@ -265,7 +273,10 @@ def test_distil_from_the_teacher_take_over_by_canary_then_continue_by_rl(
     assert "takes over from the teacher" in reason and "saves" in reason
 
     # 5. RL continues from the distilled version, on the policy's own traffic
-    time.sleep(0.6)  # the gateway polls serving versions every 0.2 s
+    # The gateway re-reads the serving versions on NOTIFY and every 0.2 s; a probe tells when it has.
+    wait_for(
+        lambda: probe(through_gateway) == distilled.version_name, timeout=15, interval=0.2, message="takeover served"
+    )
     rl_results = send(through_gateway, RL_THINGS, RL_SEEDS, rl_reward_of)
     deliver(gateway, db, rl_results)
     served = db.execute(
