@@ -86,9 +86,10 @@ def policy_config(name: str, server: LocalServerProcess, **promotion: Any) -> di
 def start_gateways(start_gateway, tmp_path: Path, policy: dict[str, Any], count: int) -> list[Any]:
     """`count` gateway processes on one database. run_task alternates a run's calls between them,
     so each second call finds its parent in the store (gateway/trajectories/parents.py). The
-    margin is generous: in CI this runs beside training on two cores, where shipping a record
-    took longer than the default 0.3 s (one run of about 80 drew afresh and the test failed).
-    A miss is documented behaviour; bench/canary_stickiness.py measures it at the default."""
+    margin is generous: in CI this runs beside training on two cores, where a second call may not
+    find its parent within the default 0.3 s (one run of about 80 changed version at its second
+    call once, from this or from a gateway's stale view; serves_canary closes the other). A miss
+    is documented behaviour; bench/canary_stickiness.py measures it at the default."""
     return [
         start_gateway(
             data_dir=tmp_path / f"gateway-{i}",
